@@ -1,0 +1,34 @@
+//! Postgres plumbing shared by both services.
+//!
+//! # Layout
+//! - [`connect`]: `DATABASE_URL` parsing (libpq's `sslmode` values, including
+//!   `verify-ca` / `verify-full` with `sslrootcert`), TLS with rustls, single
+//!   connections and pools.
+//! - [`migrate`]: the migrations in `migrations/`, embedded in the binary, applied
+//!   under an advisory lock; the schema check behind `/readyz`.
+#![forbid(unsafe_code)]
+
+pub mod connect;
+pub mod migrate;
+
+pub use connect::{ConnectOptions, Database, DatabaseUrlError};
+pub use migrate::{SchemaStatus, migrate, schema_status};
+
+/// `SQLSTATE` of a unique violation, for callers that branch on it.
+pub const UNIQUE_VIOLATION: &str = "23505";
+
+/// True when an error means the database could not be reached or the
+/// connection broke, as opposed to a problem with the statement itself.
+pub fn is_connectivity_error(err: &tokio_postgres::Error) -> bool {
+    if err.is_closed() {
+        return true;
+    }
+    match err.code() {
+        // admin_shutdown, crash_shutdown, cannot_connect_now, connection_failure...
+        Some(code) => {
+            let c = code.code();
+            c.starts_with("08") || c.starts_with("57P") || c == "53300"
+        }
+        None => true,
+    }
+}

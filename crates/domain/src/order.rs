@@ -1,0 +1,231 @@
+//! Orders and what each event does to them.
+//!
+//! [`transition`] is the whole business rule of the ingest as a table over
+//! (event kind, order state). The ingest evaluates it for every possible order
+//! state up front and lets one SQL statement pick the row matching the state it
+//! finds under lock, so the rule lives here while the database does one round
+//! trip.
+
+use crate::command::CommandKind;
+use crate::event::EventKind;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OrderStatus {
+    Pending,
+    Paid,
+    Refunded,
+}
+
+impl OrderStatus {
+    pub const ALL: [OrderStatus; 3] = [Self::Pending, Self::Paid, Self::Refunded];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Paid => "paid",
+            Self::Refunded => "refunded",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|st| st.as_str() == s)
+    }
+}
+
+/// The `status` of a processed event: what the provider reads in the response
+/// and what `events list --status` filters on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// A payment for a pending order: paid, shipment and confirmation enqueued.
+    Processed,
+    /// An event type we do not act on; recorded so a retry replays.
+    Ignored,
+    /// No order has this payment id; recorded with its payload to reconcile.
+    Unmatched,
+    /// A second, distinct payment event for an order already paid.
+    AlreadyPaid,
+    /// A refund: order refunded, refund notice enqueued, pending shipment cancelled.
+    Refunded,
+    /// A payment for an order already refunded (events out of order): nothing shipped.
+    OrderRefunded,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 6] = [
+        Self::Processed,
+        Self::Ignored,
+        Self::Unmatched,
+        Self::AlreadyPaid,
+        Self::Refunded,
+        Self::OrderRefunded,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Processed => "processed",
+            Self::Ignored => "ignored",
+            Self::Unmatched => "unmatched",
+            Self::AlreadyPaid => "already_paid",
+            Self::Refunded => "refunded",
+            Self::OrderRefunded => "order_refunded",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|o| o.as_str() == s)
+    }
+}
+
+/// What one event does to one order in one state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transition {
+    pub outcome: Outcome,
+    /// The order's new status, if it changes.
+    pub set_status: Option<OrderStatus>,
+    /// Commands to enqueue for the order, in this order.
+    pub enqueue: &'static [CommandKind],
+    /// Cancel the order's `ShipOrder` rows that no relay holds yet.
+    pub cancel_pending_shipments: bool,
+}
+
+const NOTHING: &[CommandKind] = &[];
+
+impl Transition {
+    const fn record(outcome: Outcome) -> Self {
+        Self {
+            outcome,
+            set_status: None,
+            enqueue: NOTHING,
+            cancel_pending_shipments: false,
+        }
+    }
+}
+
+/// The rule: what `kind` does to an order found in state `order` (`None`: no
+/// order has the event's payment id).
+pub fn transition(kind: EventKind, order: Option<OrderStatus>) -> Transition {
+    use OrderStatus::*;
+    match (kind, order) {
+        (EventKind::Other, _) => Transition::record(Outcome::Ignored),
+        (_, None) => Transition::record(Outcome::Unmatched),
+        (EventKind::PaymentSucceeded, Some(Pending)) => Transition {
+            outcome: Outcome::Processed,
+            set_status: Some(Paid),
+            enqueue: &[CommandKind::ShipOrder, CommandKind::SendConfirmation],
+            cancel_pending_shipments: false,
+        },
+        (EventKind::PaymentSucceeded, Some(Paid)) => Transition::record(Outcome::AlreadyPaid),
+        (EventKind::PaymentSucceeded, Some(Refunded)) => Transition::record(Outcome::OrderRefunded),
+        // A refund wins whatever the order's state, including one that was
+        // never paid (the refund overtook the payment). The notice's key is per
+        // order, so a second refund event enqueues nothing new.
+        (EventKind::PaymentRefunded, Some(_)) => Transition {
+            outcome: Outcome::Refunded,
+            set_status: Some(Refunded),
+            enqueue: &[CommandKind::SendRefundNotice],
+            cancel_pending_shipments: true,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KINDS: [EventKind; 3] = [
+        EventKind::PaymentSucceeded,
+        EventKind::PaymentRefunded,
+        EventKind::Other,
+    ];
+
+    fn states() -> impl Iterator<Item = Option<OrderStatus>> {
+        std::iter::once(None).chain(OrderStatus::ALL.into_iter().map(Some))
+    }
+
+    #[test]
+    fn the_whole_table() {
+        use CommandKind::*;
+        use EventKind::*;
+        use OrderStatus::*;
+        let expect = |kind, state, outcome, set: Option<OrderStatus>, enqueue: &[CommandKind], cancel| {
+            let t = transition(kind, state);
+            assert_eq!(t.outcome, outcome, "{kind:?} {state:?}");
+            assert_eq!(t.set_status, set, "{kind:?} {state:?}");
+            assert_eq!(t.enqueue, enqueue, "{kind:?} {state:?}");
+            assert_eq!(t.cancel_pending_shipments, cancel, "{kind:?} {state:?}");
+        };
+        expect(PaymentSucceeded, None, Outcome::Unmatched, None, &[], false);
+        expect(
+            PaymentSucceeded,
+            Some(Pending),
+            Outcome::Processed,
+            Some(Paid),
+            &[ShipOrder, SendConfirmation],
+            false,
+        );
+        expect(
+            PaymentSucceeded,
+            Some(Paid),
+            Outcome::AlreadyPaid,
+            None,
+            &[],
+            false,
+        );
+        expect(
+            PaymentSucceeded,
+            Some(Refunded),
+            Outcome::OrderRefunded,
+            None,
+            &[],
+            false,
+        );
+        expect(PaymentRefunded, None, Outcome::Unmatched, None, &[], false);
+        for state in OrderStatus::ALL {
+            expect(
+                PaymentRefunded,
+                Some(state),
+                Outcome::Refunded,
+                Some(Refunded),
+                &[SendRefundNotice],
+                true,
+            );
+        }
+        for state in states() {
+            expect(Other, state, Outcome::Ignored, None, &[], false);
+        }
+    }
+
+    #[test]
+    fn no_state_ships_twice_or_ships_a_refunded_order() {
+        for kind in KINDS {
+            for state in [Some(OrderStatus::Paid), Some(OrderStatus::Refunded)] {
+                assert!(!transition(kind, state).enqueue.contains(&CommandKind::ShipOrder));
+            }
+        }
+    }
+
+    #[test]
+    fn only_a_refund_cancels_and_it_never_ships() {
+        for kind in KINDS {
+            for state in states() {
+                let t = transition(kind, state);
+                if t.cancel_pending_shipments {
+                    assert_eq!(kind, EventKind::PaymentRefunded);
+                    assert!(!t.enqueue.contains(&CommandKind::ShipOrder));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for s in OrderStatus::ALL {
+            assert_eq!(OrderStatus::parse(s.as_str()), Some(s));
+        }
+        for o in Outcome::ALL {
+            assert_eq!(Outcome::parse(o.as_str()), Some(o));
+        }
+        assert_eq!(OrderStatus::parse("shipped"), None);
+        assert_eq!(Outcome::parse("duplicate"), None);
+    }
+}

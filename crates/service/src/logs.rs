@@ -1,0 +1,182 @@
+//! Logs: one JSON object per line on stdout (`LOG_FORMAT=json`, the default),
+//! or human-readable lines (`pretty`), filtered by `RUST_LOG`.
+//!
+//! A JSON line written inside an event's spans carries the event's identity as
+//! top-level keys (`event_id`, and for the relay `outbox_id`, `kind`,
+//! `attempt`, `idempotency_key`), so an SRE can grep one event id and see every line about it.
+//!
+//! What is never logged: secrets, signatures and raw bodies. Nothing here
+//! logs request data on its own; callers log identifiers only.
+
+use std::io::Write as _;
+
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing::{Event, Subscriber};
+use tracing_subscriber::EnvFilter;
+use tracing_subscriber::Layer;
+use tracing_subscriber::layer::Context;
+use tracing_subscriber::registry::LookupSpan;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Json,
+    Pretty,
+}
+
+/// Span fields lifted onto every log line written inside the span, renamed.
+const LIFTED: &[(&str, &str)] = &[
+    ("webhook.event_id", "event_id"),
+    ("webhook.event_type", "event_type"),
+    ("outbox.id", "outbox_id"),
+    ("outbox.kind", "kind"),
+    ("outbox.attempt", "attempt"),
+    ("idempotency_key", "idempotency_key"),
+];
+
+/// The filter: `RUST_LOG`, else `info` for our crates and `warn` for the rest.
+pub fn env_filter() -> EnvFilter {
+    EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        EnvFilter::new("warn,webhook_ingest=info,outbox_relay=info,simulator=info,service=info,db=info")
+    })
+}
+
+/// Fields of a span worth lifting, kept in the span's extensions.
+#[derive(Default)]
+struct Lifted(Vec<(&'static str, serde_json::Value)>);
+
+struct LiftVisitor<'a>(&'a mut Lifted);
+
+impl LiftVisitor<'_> {
+    fn put(&mut self, field: &Field, value: serde_json::Value) {
+        if let Some((_, key)) = LIFTED.iter().find(|(name, _)| *name == field.name()) {
+            self.0.0.retain(|(k, _)| k != key);
+            self.0.0.push((key, value));
+        }
+    }
+}
+
+impl Visit for LiftVisitor<'_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.put(field, value.into());
+    }
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.put(field, value.into());
+    }
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.put(field, value.into());
+    }
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.put(field, format!("{value:?}").into());
+    }
+}
+
+/// An event's own fields: `message` and the rest.
+struct EventVisitor(serde_json::Map<String, serde_json::Value>);
+
+impl Visit for EventVisitor {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.insert(field.name().to_owned(), value.into());
+    }
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.0.insert(field.name().to_owned(), value.into());
+    }
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.0.insert(field.name().to_owned(), value.into());
+    }
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        self.0.insert(field.name().to_owned(), value.into());
+    }
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.0.insert(field.name().to_owned(), value.into());
+    }
+    fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
+        // The whole cause chain, on one line.
+        let mut text = value.to_string();
+        let mut source = value.source();
+        while let Some(s) = source {
+            text.push_str(": ");
+            text.push_str(&s.to_string());
+            source = s.source();
+        }
+        self.0.insert(field.name().to_owned(), text.into());
+    }
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.0
+            .insert(field.name().to_owned(), format!("{value:?}").into());
+    }
+}
+
+/// The JSON lines layer.
+#[derive(Debug, Default)]
+pub struct JsonLines;
+
+impl<S> Layer<S> for JsonLines
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        let Some(span) = ctx.span(id) else { return };
+        let mut lifted = Lifted::default();
+        attrs.record(&mut LiftVisitor(&mut lifted));
+        span.extensions_mut().insert(lifted);
+    }
+
+    fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
+        let Some(span) = ctx.span(id) else { return };
+        let mut ext = span.extensions_mut();
+        if let Some(lifted) = ext.get_mut::<Lifted>() {
+            values.record(&mut LiftVisitor(lifted));
+        }
+    }
+
+    fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
+        let mut line = serde_json::Map::new();
+        let now = time::OffsetDateTime::now_utc();
+        let ts = now
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap_or_default();
+        line.insert("timestamp".into(), ts.into());
+        line.insert("level".into(), event.metadata().level().as_str().into());
+        line.insert("target".into(), event.metadata().target().into());
+        let mut fields = EventVisitor(serde_json::Map::new());
+        event.record(&mut fields);
+        if let Some(message) = fields.0.remove("message") {
+            line.insert("message".into(), message);
+        }
+        if let Some(scope) = ctx.event_scope(event) {
+            // Root first, so inner spans override outer ones.
+            for span in scope.from_root() {
+                let ext = span.extensions();
+                if let Some(lifted) = ext.get::<Lifted>() {
+                    for (key, value) in &lifted.0 {
+                        line.insert((*key).to_owned(), value.clone());
+                    }
+                }
+            }
+        }
+        for (k, v) in fields.0 {
+            line.entry(k).or_insert(v);
+        }
+        let mut bytes = serde_json::to_vec(&serde_json::Value::Object(line)).unwrap_or_default();
+        bytes.push(b'\n');
+        // One write per line, so concurrent lines never interleave.
+        let _ = std::io::stdout().lock().write_all(&bytes);
+    }
+}
+
+/// Installs the global subscriber: the filter and the chosen format.
+pub fn init(format: LogFormat) {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    let registry = tracing_subscriber::registry().with(env_filter());
+    let result = match format {
+        LogFormat::Json => registry.with(JsonLines).try_init(),
+        LogFormat::Pretty => registry
+            .with(tracing_subscriber::fmt::layer().with_target(false))
+            .try_init(),
+    };
+    if result.is_err() {
+        tracing::debug!("a global subscriber was already installed");
+    }
+}

@@ -1,0 +1,160 @@
+//! Configuration: every setting is an environment variable and the matching
+//! kebab-case flag. Invalid values stop the process at start-up with one
+//! line naming the variable (exit 2), see `service::config`.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use service::LogFormat;
+use signature::Scheme;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "webhook-ingest",
+    version,
+    about = "Receives payment webhooks: verify, claim the event id, change the order and enqueue outbox commands in one transaction."
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub settings: Settings,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve webhooks (the default).
+    Serve,
+    /// Apply the embedded migrations and exit; safe to run concurrently and repeatedly.
+    Migrate,
+    /// Recorded events, for operators.
+    Events {
+        #[command(subcommand)]
+        command: EventsCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum EventsCommand {
+    /// List recorded events, newest first.
+    List {
+        /// Only events with this status (processed, refunded, ignored,
+        /// unmatched, already_paid, order_refunded).
+        #[arg(long)]
+        status: Option<String>,
+        /// JSON lines on stdout, one event per line.
+        #[arg(long)]
+        json: bool,
+        /// At most this many events.
+        #[arg(long, default_value_t = 100)]
+        limit: i64,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SchemeArg {
+    Standard,
+    Stripe,
+}
+
+impl From<SchemeArg> for Scheme {
+    fn from(s: SchemeArg) -> Self {
+        match s {
+            SchemeArg::Standard => Scheme::Standard,
+            SchemeArg::Stripe => Scheme::Stripe,
+        }
+    }
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct Settings {
+    /// postgres://user:password@host:port/db (sslmode=require / verify-full with sslrootcert work).
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true)]
+    pub database_url: Option<String>,
+
+    /// Connections in the pool. Size it for the database's cores, not for
+    /// the number of clients: beyond ~16 a 2-core server gets slower.
+    #[arg(long, env = "DATABASE_POOL_SIZE", default_value_t = 16,
+          value_parser = clap::value_parser!(u32).range(1..=1000), global = true)]
+    pub database_pool_size: u32,
+
+    /// Webhook traffic only.
+    #[arg(
+        long,
+        env = "INGEST_LISTEN_ADDR",
+        default_value = "0.0.0.0:8080",
+        global = true
+    )]
+    pub ingest_listen_addr: SocketAddr,
+
+    /// /healthz, /readyz and /metrics.
+    #[arg(
+        long,
+        env = "ADMIN_LISTEN_ADDR",
+        default_value = "0.0.0.0:9090",
+        global = true
+    )]
+    pub admin_listen_addr: SocketAddr,
+
+    #[arg(
+        long,
+        env = "WEBHOOK_SIGNATURE_SCHEME",
+        value_enum,
+        default_value = "standard",
+        global = true
+    )]
+    pub webhook_signature_scheme: SchemeArg,
+
+    /// Comma-separated; several may be active at once during a rotation.
+    #[arg(long, env = "WEBHOOK_SECRETS", hide_env_values = true, global = true)]
+    pub webhook_secrets: Option<String>,
+
+    /// How far a signature's timestamp may be from now, in either direction.
+    #[arg(long, env = "WEBHOOK_TOLERANCE_SECS", default_value_t = signature::DEFAULT_TOLERANCE_SECS,
+          value_parser = clap::value_parser!(u64).range(1..=86_400), global = true)]
+    pub webhook_tolerance_secs: u64,
+
+    /// The whole handler, body read and database included. Well under any
+    /// provider's timeout (commonly 10 to 30 s): a slow dependency yields a
+    /// clean 503 the provider retries, never a 200 after it gave up.
+    #[arg(long, env = "INGEST_DEADLINE_MS", default_value_t = 5000,
+          value_parser = clap::value_parser!(u64).range(10..=120_000), global = true)]
+    pub ingest_deadline_ms: u64,
+
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "json", global = true)]
+    pub log_format: LogFormat,
+}
+
+impl Settings {
+    pub fn deadline(&self) -> Duration {
+        Duration::from_millis(self.ingest_deadline_ms)
+    }
+
+    pub fn webhook_signature_scheme_name(&self) -> &'static str {
+        Scheme::from(self.webhook_signature_scheme).as_str()
+    }
+
+    /// `DATABASE_URL`, which every command needs.
+    pub fn database(&self) -> Result<db::Database, String> {
+        let url = self
+            .database_url
+            .as_deref()
+            .ok_or("DATABASE_URL is required (postgres://user@host:port/db)")?;
+        db::Database::parse(url).map_err(|e| format!("DATABASE_URL {e}"))
+    }
+
+    /// The verifier from `WEBHOOK_SIGNATURE_SCHEME` and `WEBHOOK_SECRETS`.
+    pub fn verifier(&self) -> Result<signature::Verifier, String> {
+        let secrets = self
+            .webhook_secrets
+            .as_deref()
+            .ok_or("WEBHOOK_SECRETS is required (comma-separated signing secrets)")?;
+        signature::Verifier::new(
+            self.webhook_signature_scheme.into(),
+            secrets,
+            self.webhook_tolerance_secs,
+        )
+        .map_err(|e| format!("WEBHOOK_SECRETS: {e}"))
+    }
+}

@@ -1,0 +1,144 @@
+//! `POST /webhooks/payments`: size, signature, parse, then one statement.
+//!
+//! The order matters: the size limit first (an oversized body is 413 whatever
+//! its signature), the signature before anything touches the database (an
+//! unverified request must not be able to insert a dedup row and suppress the
+//! real event), and the whole of it under one deadline.
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use actix_web::{HttpRequest, HttpResponse, web};
+use bytes::BytesMut;
+use domain::{Outcome, ProviderEvent};
+use futures_util::StreamExt as _;
+use tokio::time::timeout_at;
+
+use crate::error::{IngestError, MAX_BODY_BYTES};
+use crate::metrics::IngestMetrics;
+use crate::storage::{self, Recorded};
+
+/// Header marking a replayed response.
+pub const REPLAYED_HEADER: &str = "Idempotent-Replayed";
+
+pub struct AppState {
+    pub pool: deadpool_postgres::Pool,
+    pub verifier: signature::Verifier,
+    pub deadline: Duration,
+    pub metrics: IngestMetrics,
+}
+
+/// The handler: outcome, metrics and logging around [`process`].
+pub async fn receive(req: HttpRequest, body: web::Payload, state: web::Data<AppState>) -> HttpResponse {
+    let started = Instant::now();
+    let deadline = tokio::time::Instant::from_std(started) + state.deadline;
+    let (response, outcome) = match process(&req, body, &state, deadline).await {
+        Ok(recorded) => {
+            let outcome = if recorded.claimed {
+                outcome_of(&recorded)
+            } else {
+                "duplicate"
+            };
+            tracing::info!(
+                outcome,
+                enqueued = recorded.enqueued,
+                cancelled = recorded.cancelled,
+                "webhook accepted"
+            );
+            (accepted(recorded), outcome)
+        }
+        Err(err) => {
+            match &err {
+                IngestError::Unexpected(e) => tracing::error!(error = format!("{e:#}"), "webhook failed"),
+                IngestError::Unavailable(_) | IngestError::Deadline => {
+                    tracing::warn!(error = %err, "webhook not processed, provider told to retry")
+                }
+                _ => tracing::info!(error = %err, "webhook rejected"),
+            }
+            (err.response(), err.outcome())
+        }
+    };
+    state.metrics.observe(outcome, started.elapsed().as_secs_f64());
+    response
+}
+
+fn accepted(recorded: Recorded) -> HttpResponse {
+    let mut response = HttpResponse::Ok();
+    response.content_type("application/json");
+    if !recorded.claimed {
+        response.insert_header((REPLAYED_HEADER, "true"));
+    }
+    response.body(recorded.body)
+}
+
+/// The metric label of a newly processed event: its recorded status.
+fn outcome_of(recorded: &Recorded) -> &'static str {
+    Outcome::parse(&recorded.status).map_or("processed", Outcome::as_str)
+}
+
+async fn process(
+    req: &HttpRequest,
+    body: web::Payload,
+    state: &AppState,
+    deadline: tokio::time::Instant,
+) -> Result<Recorded, IngestError> {
+    let body = timeout_at(deadline, read_body(req, body))
+        .await
+        .map_err(|_| IngestError::Deadline)??;
+
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    state
+        .verifier
+        .verify(|name| req.headers().get(name).map(|v| v.as_bytes()), &body, now)?;
+
+    let event = ProviderEvent::parse(&body)?;
+    tracing::Span::current().record("webhook.event_id", event.id.as_str());
+    let raw = std::str::from_utf8(&body).map_err(|e| IngestError::BodyRead(e.to_string()))?;
+
+    let client = timeout_at(deadline, state.pool.get())
+        .await
+        .map_err(|_| IngestError::Deadline)?
+        .map_err(|e| IngestError::Unavailable(e.to_string()))?;
+    match timeout_at(deadline, storage::record_event(&client, &event, raw, None)).await {
+        Ok(Ok(recorded)) => Ok(recorded),
+        Ok(Err(e)) if is_retryable(&e) => Err(IngestError::Unavailable(e.to_string())),
+        Ok(Err(e)) => Err(anyhow::Error::new(e).context("recording the event").into()),
+        Err(_) => {
+            // The statement may still be running: take the connection out of
+            // the pool and close it, so the server cancels and rolls back
+            // (client_connection_check_interval) instead of committing later.
+            drop(deadpool_postgres::Object::take(client));
+            Err(IngestError::Deadline)
+        }
+    }
+}
+
+/// Errors a retry may cure: the database unreachable, restarting, overloaded,
+/// a statement cancelled by its timeout, a serialisation conflict.
+fn is_retryable(err: &tokio_postgres::Error) -> bool {
+    db::is_connectivity_error(err)
+        || err
+            .code()
+            .is_some_and(|c| matches!(c.code(), "57014" | "40001" | "40P01" | "55P03"))
+}
+
+async fn read_body(req: &HttpRequest, mut payload: web::Payload) -> Result<bytes::Bytes, IngestError> {
+    let declared = req
+        .headers()
+        .get(actix_web::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|len| len > MAX_BODY_BYTES) {
+        return Err(IngestError::TooLarge);
+    }
+    let mut buf = BytesMut::with_capacity(declared.unwrap_or(8 * 1024).min(MAX_BODY_BYTES));
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|e| IngestError::BodyRead(e.to_string()))?;
+        if buf.len() + chunk.len() > MAX_BODY_BYTES {
+            return Err(IngestError::TooLarge);
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    Ok(buf.freeze())
+}

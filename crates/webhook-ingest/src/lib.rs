@@ -1,0 +1,21 @@
+//! webhook-ingest: receives a payment provider's webhooks and, for each event,
+//! verifies it, claims its id, changes the order and enqueues the outbox
+//! commands, in one database transaction.
+//!
+//! # Layout
+//! - [`config`]: environment variables and flags.
+//! - [`startup`]: [`startup::Application`]: listeners, pool, run until stopped.
+//! - [`http`]: the webhook handler: size, signature, parse, record.
+//! - [`storage`]: all SQL; the one-statement claim-and-apply.
+//! - [`error`]: every failure and the status the provider gets.
+//! - [`metrics`]: the Prometheus metrics.
+//! - [`events`]: `webhook-ingest events list`, for operators.
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod error;
+pub mod events;
+pub mod http;
+pub mod metrics;
+pub mod startup;
+pub mod storage;

@@ -1,0 +1,67 @@
+//! `webhook-ingest`: serve (default), `migrate`, `events list`.
+//!
+//! # Layout
+//! Parses configuration (exit 2 with one line naming the variable on any
+//! error), installs logging, then hands over to the library: see `lib.rs`.
+#![forbid(unsafe_code)]
+
+use std::process::ExitCode;
+
+use service::config_error;
+use webhook_ingest::config::{Cli, Command, EventsCommand};
+use webhook_ingest::startup::Application;
+
+const PROGRAM: &str = "webhook-ingest";
+
+fn main() -> ExitCode {
+    let cli: Cli = service::parse_or_exit(PROGRAM);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("building the tokio runtime");
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{PROGRAM}: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let settings = cli.settings;
+    let database = settings.database().unwrap_or_else(|e| config_error(PROGRAM, &e));
+    match cli.command.unwrap_or(Command::Serve) {
+        Command::Serve => {
+            let verifier = settings.verifier().unwrap_or_else(|e| config_error(PROGRAM, &e));
+            service::logs::init(settings.log_format);
+            let app = Application::build(&settings, &database, verifier)?;
+            tracing::info!(
+                port = app.port(),
+                admin_port = app.admin_port(),
+                database = %database.describe(),
+                scheme = settings.webhook_signature_scheme_name(),
+                "webhook-ingest serving"
+            );
+            let shutdown = service::shutdown::on_signal();
+            app.run_until_stopped(shutdown).await
+        }
+        Command::Migrate => {
+            let mut client = database.connect("webhook-ingest-migrate").await?;
+            let applied = db::migrate(&mut client).await?;
+            if applied.is_empty() {
+                eprintln!(
+                    "{PROGRAM}: schema already current (version {})",
+                    db::migrate::expected_version()
+                );
+            } else {
+                eprintln!("{PROGRAM}: applied migrations {applied:?}");
+            }
+            Ok(())
+        }
+        Command::Events {
+            command: EventsCommand::List { status, json, limit },
+        } => webhook_ingest::events::list(&database, status.as_deref(), json, limit).await,
+    }
+}

@@ -1,0 +1,157 @@
+//! Building and running the service: binds its listeners (so tests can ask
+//! for port 0 and read the port back), then serves until the token is
+//! cancelled, finishing the requests in flight.
+
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix_web::{App, HttpServer, web};
+use anyhow::Context as _;
+use prometheus_client::registry::Registry;
+use service::{AdminServer, Readiness};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Settings;
+use crate::http::{self, AppState};
+use crate::metrics::IngestMetrics;
+
+pub const WEBHOOK_PATH: &str = "/webhooks/payments";
+
+pub struct Application {
+    server: actix_web::dev::Server,
+    port: u16,
+    admin: AdminServer,
+    pool: deadpool_postgres::Pool,
+}
+
+impl Application {
+    /// Binds both listeners and prepares the pool (connections are made on
+    /// demand, so a database that is down at start-up is not fatal: the
+    /// service starts unready and becomes ready when the database is back).
+    pub fn build(
+        settings: &Settings,
+        database: &db::Database,
+        verifier: signature::Verifier,
+    ) -> anyhow::Result<Self> {
+        let deadline = settings.deadline();
+        let pool = database.pool(&db::ConnectOptions {
+            application_name: "webhook-ingest",
+            // The server-side backstop of the deadline.
+            statement_timeout: Some(deadline),
+            abort_when_client_leaves: true,
+            pool_size: settings.database_pool_size as usize,
+            pool_wait: deadline,
+        });
+
+        let mut registry = Registry::default();
+        let metrics = IngestMetrics::register(&mut registry);
+        let state = web::Data::new(AppState {
+            pool: pool.clone(),
+            verifier,
+            deadline,
+            metrics,
+        });
+
+        let listener = TcpListener::bind(settings.ingest_listen_addr)
+            .with_context(|| format!("binding INGEST_LISTEN_ADDR {}", settings.ingest_listen_addr))?;
+        let port = listener.local_addr()?.port();
+        let server = HttpServer::new(move || {
+            App::new()
+                .app_data(state.clone())
+                .route(WEBHOOK_PATH, web::post().to(http::receive))
+        })
+        // Headers must arrive within the deadline too (slowloris).
+        .client_request_timeout(deadline)
+        .client_disconnect_timeout(Duration::from_secs(1))
+        .keep_alive(Duration::from_secs(75))
+        // In-flight requests get their deadline to finish after SIGTERM.
+        .shutdown_timeout(deadline.as_secs() + 1)
+        .disable_signals()
+        .listen(listener)?
+        .run();
+
+        let admin = AdminServer::bind(
+            &settings.admin_listen_addr.to_string(),
+            readiness(pool.clone()),
+            Arc::new(registry),
+        )
+        .with_context(|| format!("binding ADMIN_LISTEN_ADDR {}", settings.admin_listen_addr))?;
+        Ok(Self {
+            server,
+            port,
+            admin,
+            pool,
+        })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn admin_port(&self) -> u16 {
+        self.admin.port()
+    }
+
+    /// Serves until `shutdown` is cancelled: then stops accepting, finishes
+    /// the requests in flight (each bounded by its deadline) and returns.
+    pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        tokio::spawn(announce_schema(self.pool.clone()));
+        let admin_handle = self.admin.handle();
+        let admin = tokio::spawn(self.admin.run());
+        let handle = self.server.handle();
+        let stopper = tokio::spawn(async move {
+            shutdown.cancelled().await;
+            tracing::info!("stopping: no new requests, finishing those in flight");
+            handle.stop(true).await;
+        });
+        let served = self.server.await;
+        stopper.abort();
+        admin_handle.stop(true).await;
+        let _ = admin.await;
+        self.pool.close();
+        served.context("serving webhooks")
+    }
+}
+
+/// `/readyz`: the database answers and its schema is the one this binary needs.
+fn readiness(pool: deadpool_postgres::Pool) -> Readiness {
+    Arc::new(move || {
+        let pool = pool.clone();
+        Box::pin(async move { check_database(&pool).await })
+    })
+}
+
+async fn check_database(pool: &deadpool_postgres::Pool) -> Result<(), String> {
+    let client = tokio::time::timeout(Duration::from_secs(2), pool.get())
+        .await
+        .map_err(|_| "database: no connection within 2s".to_owned())?
+        .map_err(|e| format!("database unreachable: {e}"))?;
+    match db::schema_status(&client).await {
+        Ok(db::SchemaStatus::Current) => Ok(()),
+        Ok(status) => Err(status.to_string()),
+        Err(e) => Err(format!("database: {e}")),
+    }
+}
+
+/// Says once, in one line, when the schema is not current at start-up, and
+/// again when it becomes current (no restart needed).
+async fn announce_schema(pool: deadpool_postgres::Pool) {
+    let mut complained = false;
+    loop {
+        match check_database(&pool).await {
+            Ok(()) => {
+                if complained {
+                    tracing::info!("database ready: schema current");
+                }
+                return;
+            }
+            Err(reason) if !complained => {
+                tracing::warn!("not ready: {reason}; /readyz answers 503 until it is");
+                complained = true;
+            }
+            Err(_) => {}
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}

@@ -1,0 +1,251 @@
+//! All of the ingest's SQL.
+//!
+//! [`record_event`] is the product's core: ONE statement, so ONE round trip
+//! and ONE transaction (autocommit), that
+//! 1. locks the event's order, if any (`FOR UPDATE`: concurrent events for one
+//!    order serialise here, so each sees the state the previous one left);
+//! 2. claims the event id by inserting it (`ON CONFLICT` on the primary key: an
+//!    atomic test-and-set, no read-then-write); a conflict instead counts the
+//!    delivery and returns the stored result for a byte-identical replay;
+//! 3. only when claimed: changes the order, cancels its unsent shipment (on a
+//!    refund), inserts the outbox rows and `NOTIFY`s the relay, all of which
+//!    become visible when, and only when, the claim commits.
+//!
+//! The business rule is not in this SQL: [`domain::transition`] is evaluated
+//! for each possible order state up front and passed in as arrays indexed by
+//! state; the statement picks the entry for the state it finds under lock.
+
+use domain::{CommandKind, EventKind, OrderStatus, PAYLOAD_VERSION, ProviderEvent, transition};
+use tokio_postgres::GenericClient;
+
+/// The channel the relay `LISTEN`s on.
+pub const NOTIFY_CHANNEL: &str = "outbox_pending";
+
+/// Order states as the statement indexes them (1-based SQL arrays).
+const STATES: [Option<OrderStatus>; 4] = [
+    None,
+    Some(OrderStatus::Pending),
+    Some(OrderStatus::Paid),
+    Some(OrderStatus::Refunded),
+];
+
+const RECORD_EVENT: &str = r#"
+WITH ord AS (
+    SELECT id, status FROM orders WHERE payment_id = $3 FOR UPDATE
+), st AS (
+    SELECT ord.id AS order_id,
+           CASE ord.status WHEN 'pending' THEN 2 WHEN 'paid' THEN 3 WHEN 'refunded' THEN 4 ELSE 1 END AS s
+    FROM (SELECT) AS one LEFT JOIN ord ON true
+), claim AS (
+    INSERT INTO processed_events AS pe (event_id, event_type, status, order_id, result, payload, trace_context)
+    SELECT $1, $2, ($4::text[])[st.s], st.order_id,
+           jsonb_strip_nulls(jsonb_build_object(
+               'event_id', $1::text, 'status', ($4::text[])[st.s], 'order_id', st.order_id)),
+           $8::text::jsonb, $9
+    FROM st
+    ON CONFLICT (event_id) DO UPDATE
+        SET deliveries = pe.deliveries + 1, last_delivered_at = now()
+    RETURNING (pe.xmax = 0) AS claimed, pe.result::text AS body, pe.status
+), act AS (
+    SELECT st.order_id, st.s FROM st, claim WHERE claim.claimed AND st.order_id IS NOT NULL
+), order_update AS (
+    UPDATE orders SET status = ($5::text[])[act.s], updated_at = now()
+    FROM act
+    WHERE orders.id = act.order_id AND ($5::text[])[act.s] IS NOT NULL
+    RETURNING orders.id
+), cancelled AS (
+    -- Only rows no relay holds: an expired lease counts as not held.
+    UPDATE outbox SET status = 'cancelled', finished_at = now(), lease_owner = NULL,
+                      last_error = 'cancelled by ' || $1
+    FROM act
+    WHERE ($7::bool[])[act.s]
+      AND outbox.idempotency_key = $13 || '-' || act.order_id
+      AND outbox.status = 'pending'
+      AND (outbox.lease_owner IS NULL OR outbox.available_at <= now())
+    RETURNING outbox.id
+), enqueued AS (
+    INSERT INTO outbox (kind, payload, idempotency_key, event_id, order_id, trace_context)
+    SELECT k.kind,
+           jsonb_build_object('v', $10::int4, 'order_id', act.order_id, 'event_id', $1::text),
+           k.prefix || '-' || act.order_id, $1, act.order_id, $9
+    FROM act, unnest($11::text[], $12::text[]) WITH ORDINALITY AS k(kind, prefix, n)
+    WHERE (($6::int4[])[act.s] >> (k.n - 1)::int4) & 1 = 1
+    ORDER BY k.n
+    -- One effect per order and kind, whatever the number of events.
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING id
+)
+SELECT claim.claimed,
+       claim.body,
+       claim.status,
+       (SELECT count(*) FROM enqueued)::int4 AS enqueued,
+       (SELECT count(*) FROM cancelled)::int4 AS cancelled,
+       (SELECT count(*) FROM order_update)::int4 AS updated,
+       -- Delivered to listeners at commit, and only if it commits.
+       (SELECT count(pg_notify('outbox_pending', '')) FROM (SELECT 1 FROM enqueued LIMIT 1) AS any_row)::int4
+FROM claim
+"#;
+
+/// What happened to one delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recorded {
+    /// False for a duplicate delivery: nothing changed but its count.
+    pub claimed: bool,
+    /// The stored result, the response body of every delivery of this id.
+    pub body: String,
+    /// The event's recorded `status` (an [`domain::Outcome`] name).
+    pub status: String,
+    pub enqueued: i32,
+    pub cancelled: i32,
+}
+
+/// The per-state arrays the statement picks from.
+struct Plan {
+    outcomes: Vec<&'static str>,
+    new_status: Vec<Option<&'static str>>,
+    enqueue_mask: Vec<i32>,
+    cancel: Vec<bool>,
+}
+
+fn plan(kind: EventKind) -> Plan {
+    let mut plan = Plan {
+        outcomes: Vec::with_capacity(4),
+        new_status: Vec::with_capacity(4),
+        enqueue_mask: Vec::with_capacity(4),
+        cancel: Vec::with_capacity(4),
+    };
+    for state in STATES {
+        let t = transition(kind, state);
+        plan.outcomes.push(t.outcome.as_str());
+        plan.new_status.push(t.set_status.map(OrderStatus::as_str));
+        plan.enqueue_mask
+            .push(t.enqueue.iter().fold(0, |mask, k| mask | kind_bit(*k)));
+        plan.cancel.push(t.cancel_pending_shipments);
+    }
+    plan
+}
+
+/// Bit of a command kind in the enqueue mask: its position in `CommandKind::ALL`.
+fn kind_bit(kind: CommandKind) -> i32 {
+    let position = CommandKind::ALL
+        .iter()
+        .position(|k| *k == kind)
+        .expect("ALL lists every kind");
+    1 << position
+}
+
+/// Claims and applies one verified event; see the module documentation.
+pub async fn record_event(
+    client: &deadpool_postgres::Client,
+    event: &ProviderEvent,
+    raw_body: &str,
+    trace_context: Option<&str>,
+) -> Result<Recorded, tokio_postgres::Error> {
+    let statement = client.prepare_cached(RECORD_EVENT).await?;
+    let plan = plan(event.kind);
+    let kinds: Vec<&str> = CommandKind::ALL.iter().map(|k| k.as_str()).collect();
+    let prefixes: Vec<&str> = CommandKind::ALL.iter().map(|k| k.key_prefix()).collect();
+    let row = client
+        .query_one(
+            &statement,
+            &[
+                &event.id,
+                &event.event_type,
+                &event.payment_id,
+                &plan.outcomes,
+                &plan.new_status,
+                &plan.enqueue_mask,
+                &plan.cancel,
+                &raw_body,
+                &trace_context,
+                &PAYLOAD_VERSION,
+                &kinds,
+                &prefixes,
+                &CommandKind::ShipOrder.key_prefix(),
+            ],
+        )
+        .await?;
+    Ok(Recorded {
+        claimed: row.get(0),
+        body: row.get(1),
+        status: row.get(2),
+        enqueued: row.get(3),
+        cancelled: row.get(4),
+    })
+}
+
+/// One recorded event, as `events list` shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct EventRow {
+    pub event_id: String,
+    pub event_type: String,
+    pub status: String,
+    #[serde(with = "time::serde::rfc3339")]
+    pub processed_at: time::OffsetDateTime,
+    pub deliveries: i32,
+    pub order_id: Option<i64>,
+    pub payload: Option<serde_json::Value>,
+}
+
+/// Recorded events, newest first, optionally of one status.
+pub async fn list_events(
+    client: &impl GenericClient,
+    status: Option<&str>,
+    limit: i64,
+) -> Result<Vec<EventRow>, tokio_postgres::Error> {
+    let rows = client
+        .query(
+            "SELECT event_id, event_type, status, processed_at, deliveries, order_id, payload
+               FROM processed_events
+              WHERE $1::text IS NULL OR status = $1
+              ORDER BY processed_at DESC, event_id
+              LIMIT $2",
+            &[&status, &limit],
+        )
+        .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| EventRow {
+            event_id: r.get(0),
+            event_type: r.get(1),
+            status: r.get(2),
+            processed_at: r.get(3),
+            deliveries: r.get(4),
+            order_id: r.get(5),
+            payload: r.get(6),
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_plan_follows_the_domain_table() {
+        let p = plan(EventKind::PaymentSucceeded);
+        assert_eq!(
+            p.outcomes,
+            ["unmatched", "processed", "already_paid", "order_refunded"]
+        );
+        assert_eq!(p.new_status, [None, Some("paid"), None, None]);
+        assert_eq!(p.enqueue_mask, [0, 0b011, 0, 0]);
+        assert_eq!(p.cancel, [false; 4]);
+        let p = plan(EventKind::PaymentRefunded);
+        assert_eq!(p.outcomes, ["unmatched", "refunded", "refunded", "refunded"]);
+        assert_eq!(
+            p.new_status,
+            [None, Some("refunded"), Some("refunded"), Some("refunded")]
+        );
+        assert_eq!(p.enqueue_mask, [0, 0b100, 0b100, 0b100]);
+        assert_eq!(p.cancel, [false, true, true, true]);
+        let p = plan(EventKind::Other);
+        assert_eq!(p.outcomes, ["ignored"; 4]);
+        assert_eq!(p.enqueue_mask, [0; 4]);
+    }
+
+    #[test]
+    fn the_statement_notifies_the_relays_channel() {
+        assert!(RECORD_EVENT.contains(&format!("pg_notify('{NOTIFY_CHANNEL}'")));
+    }
+}

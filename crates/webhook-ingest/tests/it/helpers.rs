@@ -1,0 +1,173 @@
+//! `spawn_app()`: the real application on port 0 against a fresh database.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use clap::Parser as _;
+use testkit::TestDb;
+use tokio_util::sync::CancellationToken;
+use webhook_ingest::config::Cli;
+use webhook_ingest::startup::Application;
+
+pub const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+pub const OTHER_SECRET: &str = "whsec_QUJDREVGR0hJSktMTU5PUA==";
+pub const STRIPE_SECRET: &str = "sk_test_stripe_style_secret";
+
+pub struct TestApp {
+    pub url: String,
+    pub admin_url: String,
+    pub http: reqwest::Client,
+    pub db: Option<TestDb>,
+    pub client: tokio_postgres::Client,
+    shutdown: CancellationToken,
+    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+}
+
+pub fn init_test_logs() {
+    if std::env::var_os("TEST_LOG").is_some() {
+        service::logs::init(service::LogFormat::Pretty);
+    }
+}
+
+pub fn now() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() as i64
+}
+
+pub async fn spawn_app() -> TestApp {
+    spawn_app_with(&[]).await
+}
+
+/// The app with extra flags (`--webhook-signature-scheme stripe`, ...).
+pub async fn spawn_app_with(extra: &[&str]) -> TestApp {
+    let db = TestDb::new().await;
+    let url = db.url.clone();
+    let mut app = spawn_app_on(&url, extra).await;
+    app.db = Some(db);
+    app
+}
+
+/// The app against a given database URL (a private cluster, an unmigrated database).
+pub async fn spawn_app_on(database_url: &str, extra: &[&str]) -> TestApp {
+    init_test_logs();
+    let mut args = vec!["webhook-ingest", "--database-url", database_url];
+    if !extra.contains(&"--webhook-secrets") {
+        args.extend_from_slice(&["--webhook-secrets", SECRET]);
+    }
+    args.extend_from_slice(&[
+        "--ingest-listen-addr",
+        "127.0.0.1:0",
+        "--admin-listen-addr",
+        "127.0.0.1:0",
+    ]);
+    args.extend_from_slice(extra);
+    let cli = Cli::try_parse_from(args).expect("valid test flags");
+    let settings = cli.settings;
+    let database = settings.database().unwrap();
+    let app =
+        Application::build(&settings, &database, settings.verifier().unwrap()).expect("building the app");
+    let url = format!("http://127.0.0.1:{}", app.port());
+    let admin_url = format!("http://127.0.0.1:{}", app.admin_port());
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(app.run_until_stopped(shutdown.clone()));
+    let client = database.connect("test").await.expect("test connection");
+    TestApp {
+        url,
+        admin_url,
+        http: testkit::http(),
+        db: None,
+        client,
+        shutdown,
+        task: Some(task),
+    }
+}
+
+pub fn event(id: &str, kind: &str, payment_id: &str) -> String {
+    format!(
+        r#"{{"id":"{id}","type":"{kind}","created":1700000000,"data":{{"payment_id":"{payment_id}","amount":4200,"currency":"gbp"}}}}"#
+    )
+}
+
+/// Standard Webhooks headers for `body`, signed with `secret` at `ts`.
+pub fn standard_headers(secret: &str, ts: i64, body: &str) -> Vec<(&'static str, String)> {
+    let key = signature::Secret::parse(signature::Scheme::Standard, secret).unwrap();
+    let msg_id = format!("msg_{}", ts ^ body.len() as i64);
+    vec![
+        ("webhook-id", msg_id.clone()),
+        ("webhook-timestamp", ts.to_string()),
+        (
+            "webhook-signature",
+            signature::sign_standard(&key, &msg_id, ts, body.as_bytes()),
+        ),
+    ]
+}
+
+impl TestApp {
+    /// Posts `body` signed as a provider would, now.
+    pub async fn post(&self, body: &str) -> reqwest::Response {
+        self.post_with(body, &standard_headers(SECRET, now(), body)).await
+    }
+
+    pub async fn post_with(&self, body: &str, headers: &[(&'static str, String)]) -> reqwest::Response {
+        let mut req = self
+            .http
+            .post(format!("{}/webhooks/payments", self.url))
+            .header("content-type", "application/json")
+            .body(body.to_owned());
+        for (k, v) in headers {
+            req = req.header(*k, v);
+        }
+        req.send().await.expect("request sent")
+    }
+
+    pub async fn insert_order(&self, id: i64, payment_id: &str, status: &str) {
+        self.client
+            .execute(
+                "INSERT INTO orders (id, payment_id, status) VALUES ($1, $2, $3)",
+                &[&id, &payment_id, &status],
+            )
+            .await
+            .unwrap();
+    }
+
+    pub async fn count(&self, sql: &str) -> i64 {
+        self.client.query_one(sql, &[]).await.unwrap().get::<_, i64>(0)
+    }
+
+    pub async fn order_status(&self, id: i64) -> String {
+        self.client
+            .query_one("SELECT status FROM orders WHERE id = $1", &[&id])
+            .await
+            .unwrap()
+            .get(0)
+    }
+
+    /// Rows written by the ingest, in every table it writes.
+    pub async fn written(&self) -> (i64, i64) {
+        (
+            self.count("SELECT count(*) FROM processed_events").await,
+            self.count("SELECT count(*) FROM outbox").await,
+        )
+    }
+
+    pub async fn readyz(&self) -> (u16, String) {
+        let r = self
+            .http
+            .get(format!("{}/readyz", self.admin_url))
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.text().await.unwrap())
+    }
+
+    pub async fn stop(mut self) {
+        self.shutdown.cancel();
+        if let Some(task) = self.task.take() {
+            task.await.unwrap().unwrap();
+        }
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}

@@ -1,0 +1,10 @@
+//! webhook-ingest against a real Postgres (a fresh database per test) over
+//! real HTTP on loopback.
+
+mod config;
+mod dedup;
+mod helpers;
+mod outage;
+mod outcomes;
+mod shutdown;
+mod signatures;
