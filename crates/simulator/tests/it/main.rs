@@ -1,0 +1,8 @@
+//! The simulated downstream over real HTTP on loopback: in process through
+//! the library, and the binary as scripts run it.
+
+mod binary;
+mod control;
+mod faults;
+mod helpers;
+mod idempotency;
