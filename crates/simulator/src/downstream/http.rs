@@ -1,8 +1,9 @@
 //! The HTTP surface: the two APIs, the control endpoints and `/stats`.
 //!
 //! Every error answer is `{"error": "..."}`. Requests refused before the
-//! idempotency logic (no key, bad JSON, no `order_id`) get 400 and touch no
-//! key state; everything else goes through [`State::decide`].
+//! idempotency logic (no key, bad JSON, no `order_id`, unknown template) get
+//! 400, are recorded in the stats, and neither claim the key nor consume a
+//! script entry; everything else goes through [`State::decide`].
 
 use std::any::Any;
 use std::net::Shutdown;

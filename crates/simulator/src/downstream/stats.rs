@@ -21,8 +21,9 @@ pub struct Stats {
     pub replays: u64,
     /// `"/shipments"` and `"/emails"`.
     pub by_path: BTreeMap<String, PathStats>,
-    /// Answers by status code (`"201"`, `"500"`, ...); connections dropped
-    /// without an answer count under `"reset"`.
+    /// Answers by status code (`"201"`, `"500"`, ...), counted when decided
+    /// (a hung answer before it is sent); connections dropped without an
+    /// answer count under `"reset"`.
     pub status_counts: BTreeMap<String, u64>,
     /// Faults applied, drawn or scripted.
     pub injected: Injected,
