@@ -5,11 +5,13 @@
 //!   `verify-ca` / `verify-full` with `sslrootcert`), TLS with rustls, single
 //!   connections and pools.
 //! - [`migrate`]: the migrations in `migrations/`, embedded in the binary, applied
-//!   under an advisory lock; the schema check behind `/readyz`.
+//!   under an advisory lock; the schema status.
+//! - [`ready`]: the database half of `/readyz`.
 #![forbid(unsafe_code)]
 
 pub mod connect;
 pub mod migrate;
+pub mod ready;
 
 pub use connect::{ConnectOptions, Database, DatabaseUrlError};
 pub use migrate::{SchemaStatus, migrate, schema_status};

@@ -96,7 +96,7 @@ impl Application {
     /// Serves until `shutdown` is cancelled: then stops accepting, finishes
     /// the requests in flight (each bounded by its deadline) and returns.
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
-        tokio::spawn(announce_schema(self.pool.clone()));
+        tokio::spawn(db::ready::announce(self.pool.clone()));
         let admin_handle = self.admin.handle();
         let admin = tokio::spawn(self.admin.run());
         let handle = self.server.handle();
@@ -118,40 +118,6 @@ impl Application {
 fn readiness(pool: deadpool_postgres::Pool) -> Readiness {
     Arc::new(move || {
         let pool = pool.clone();
-        Box::pin(async move { check_database(&pool).await })
+        Box::pin(async move { db::ready::check(&pool).await })
     })
-}
-
-async fn check_database(pool: &deadpool_postgres::Pool) -> Result<(), String> {
-    let client = tokio::time::timeout(Duration::from_secs(2), pool.get())
-        .await
-        .map_err(|_| "database: no connection within 2s".to_owned())?
-        .map_err(|e| format!("database unreachable: {e}"))?;
-    match db::schema_status(&client).await {
-        Ok(db::SchemaStatus::Current) => Ok(()),
-        Ok(status) => Err(status.to_string()),
-        Err(e) => Err(format!("database: {e}")),
-    }
-}
-
-/// Says once, in one line, when the schema is not current at start-up, and
-/// again when it becomes current (no restart needed).
-async fn announce_schema(pool: deadpool_postgres::Pool) {
-    let mut complained = false;
-    loop {
-        match check_database(&pool).await {
-            Ok(()) => {
-                if complained {
-                    tracing::info!("database ready: schema current");
-                }
-                return;
-            }
-            Err(reason) if !complained => {
-                tracing::warn!("not ready: {reason}; /readyz answers 503 until it is");
-                complained = true;
-            }
-            Err(_) => {}
-        }
-        tokio::time::sleep(Duration::from_secs(2)).await;
-    }
 }

@@ -1,0 +1,1 @@
+SELECT count(*) FROM outbox WHERE status = 'pending' AND available_at <= now()

@@ -1,0 +1,255 @@
+//! Configuration: every setting is an environment variable and the matching
+//! kebab-case flag; invalid values stop the process with one line naming the
+//! variable (exit 2).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use service::LogFormat;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "outbox-relay",
+    version,
+    about = "Drains the outbox: claims due rows under a lease, calls the downstream APIs with idempotency keys, retries, dead-letters."
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub settings: Settings,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the worker (the default).
+    Run,
+    /// Dead rows: list them, or put them back to pending.
+    Dead {
+        #[command(subcommand)]
+        command: DeadCommand,
+    },
+    /// Rows by status and kind, and the oldest pending row's age.
+    Stats {
+        /// One JSON object on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete done and cancelled rows and processed events older than RETENTION_DAYS, in small batches.
+    Prune,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DeadCommand {
+    /// Dead rows with their last error, oldest first.
+    List {
+        /// JSON lines on stdout, one row per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Back to pending, due now, attempts reset.
+    Requeue {
+        /// The row's id.
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        id: Option<i64>,
+        /// Every dead row.
+        #[arg(long)]
+        all: bool,
+    },
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct Settings {
+    /// postgres://user:password@host:port/db (sslmode=require / verify-full with sslrootcert work).
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true)]
+    pub database_url: Option<String>,
+
+    /// Connections in the pool: claims and completions are short, a few suffice.
+    #[arg(long, env = "DATABASE_POOL_SIZE", default_value_t = 8,
+          value_parser = clap::value_parser!(u32).range(2..=1000), global = true)]
+    pub database_pool_size: u32,
+
+    /// /healthz, /readyz and /metrics.
+    #[arg(
+        long,
+        env = "ADMIN_LISTEN_ADDR",
+        default_value = "0.0.0.0:9090",
+        global = true
+    )]
+    pub admin_listen_addr: SocketAddr,
+
+    /// Base URL of the fulfilment API (POST {FULFILMENT_URL}/shipments).
+    #[arg(long, env = "FULFILMENT_URL", global = true)]
+    pub fulfilment_url: Option<String>,
+
+    /// Base URL of the email API (POST {EMAIL_URL}/emails).
+    #[arg(long, env = "EMAIL_URL", global = true)]
+    pub email_url: Option<String>,
+
+    /// Rows claimed per claim statement.
+    #[arg(long, env = "RELAY_BATCH_SIZE", default_value_t = 50,
+          value_parser = clap::value_parser!(u32).range(1..=10_000), global = true)]
+    pub relay_batch_size: u32,
+
+    /// Downstream calls in flight per process.
+    #[arg(long, env = "RELAY_CONCURRENCY", default_value_t = 32,
+          value_parser = clap::value_parser!(u32).range(1..=10_000), global = true)]
+    pub relay_concurrency: u32,
+
+    /// How long a claimed row is ours. Must exceed the HTTP timeout, or a
+    /// slow call could see its row claimed (and sent) by another relay.
+    #[arg(long, env = "RELAY_LEASE_SECS", default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(1..=86_400), global = true)]
+    pub relay_lease_secs: u64,
+
+    /// Per downstream request, connection included.
+    #[arg(long, env = "RELAY_HTTP_TIMEOUT_MS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(1..=3_600_000), global = true)]
+    pub relay_http_timeout_ms: u64,
+
+    /// Calls per row before it is dead.
+    #[arg(long, env = "RELAY_MAX_ATTEMPTS", default_value_t = 25,
+          value_parser = clap::value_parser!(u32).range(1..=1000), global = true)]
+    pub relay_max_attempts: u32,
+
+    /// First retry delay (before jitter); doubles per attempt.
+    #[arg(long, env = "RELAY_BACKOFF_BASE_MS", default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(1..=3_600_000), global = true)]
+    pub relay_backoff_base_ms: u64,
+
+    /// Longest retry delay, Retry-After included.
+    #[arg(long, env = "RELAY_BACKOFF_MAX_SECS", default_value_t = 3600,
+          value_parser = clap::value_parser!(u64).range(1..=604_800), global = true)]
+    pub relay_backoff_max_secs: u64,
+
+    /// Fallback polling; LISTEN/NOTIFY wakes the relay at once.
+    #[arg(long, env = "RELAY_POLL_INTERVAL_MS", default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(10..=3_600_000), global = true)]
+    pub relay_poll_interval_ms: u64,
+
+    /// Wake on NOTIFY (true), or poll only (false: behind a pooler without a direct connection).
+    #[arg(long, env = "RELAY_LISTEN", default_value_t = true, action = clap::ArgAction::Set, global = true)]
+    pub relay_listen: bool,
+
+    /// A direct (not pooled) connection for LISTEN, when DATABASE_URL goes through PgBouncer in transaction mode.
+    #[arg(
+        long,
+        env = "RELAY_LISTEN_DATABASE_URL",
+        hide_env_values = true,
+        global = true
+    )]
+    pub relay_listen_database_url: Option<String>,
+
+    /// Lease holder name (a random suffix is added per process); defaults to the host name.
+    #[arg(long, env = "RELAY_ID", global = true)]
+    pub relay_id: Option<String>,
+
+    /// Done rows and processed events are kept this long. Providers retry for
+    /// up to 3 days; a week keeps every possible redelivery deduplicated.
+    #[arg(long, env = "RETENTION_DAYS", default_value_t = 7,
+          value_parser = clap::value_parser!(u32).range(1..=3650), global = true)]
+    pub retention_days: u32,
+
+    /// How often the worker prunes on its own (one replica at a time); 0 disables.
+    #[arg(long, env = "RELAY_PRUNE_INTERVAL_SECS", default_value_t = 600, global = true)]
+    pub relay_prune_interval_secs: u64,
+
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "json", global = true)]
+    pub log_format: LogFormat,
+}
+
+/// The checked settings the worker runs with.
+#[derive(Debug, Clone)]
+pub struct RelayConfig {
+    pub fulfilment_url: String,
+    pub email_url: String,
+    pub batch_size: u32,
+    pub concurrency: u32,
+    pub lease: Duration,
+    pub http_timeout: Duration,
+    pub max_attempts: u32,
+    pub backoff_base: Duration,
+    pub backoff_max: Duration,
+    pub poll_interval: Duration,
+    pub listen: bool,
+    pub retention_days: u32,
+    pub prune_interval: Option<Duration>,
+    pub owner: String,
+}
+
+impl Settings {
+    pub fn database(&self) -> Result<db::Database, String> {
+        let url = self
+            .database_url
+            .as_deref()
+            .ok_or("DATABASE_URL is required (postgres://user@host:port/db)")?;
+        db::Database::parse(url).map_err(|e| format!("DATABASE_URL {e}"))
+    }
+
+    pub fn listen_database(&self) -> Result<Option<db::Database>, String> {
+        self.relay_listen_database_url
+            .as_deref()
+            .map(|url| db::Database::parse(url).map_err(|e| format!("RELAY_LISTEN_DATABASE_URL {e}")))
+            .transpose()
+    }
+
+    /// Everything the worker needs, checked together.
+    pub fn relay(&self) -> Result<RelayConfig, String> {
+        let fulfilment_url = base_url(self.fulfilment_url.as_deref(), "FULFILMENT_URL")?;
+        let email_url = base_url(self.email_url.as_deref(), "EMAIL_URL")?;
+        if self.relay_lease_secs * 1000 <= self.relay_http_timeout_ms {
+            return Err(format!(
+                "RELAY_LEASE_SECS ({} s) must be longer than RELAY_HTTP_TIMEOUT_MS ({} ms): \
+                 a call outliving its lease could be sent again by another relay",
+                self.relay_lease_secs, self.relay_http_timeout_ms
+            ));
+        }
+        if self.relay_backoff_base_ms > self.relay_backoff_max_secs * 1000 {
+            return Err(format!(
+                "RELAY_BACKOFF_BASE_MS ({}) must not exceed RELAY_BACKOFF_MAX_SECS ({} s)",
+                self.relay_backoff_base_ms, self.relay_backoff_max_secs
+            ));
+        }
+        let owner = format!(
+            "{}-{:06x}",
+            self.relay_id.clone().unwrap_or_else(host_name),
+            rand::random::<u32>() & 0xff_ffff
+        );
+        Ok(RelayConfig {
+            fulfilment_url,
+            email_url,
+            batch_size: self.relay_batch_size,
+            concurrency: self.relay_concurrency,
+            lease: Duration::from_secs(self.relay_lease_secs),
+            http_timeout: Duration::from_millis(self.relay_http_timeout_ms),
+            max_attempts: self.relay_max_attempts,
+            backoff_base: Duration::from_millis(self.relay_backoff_base_ms),
+            backoff_max: Duration::from_secs(self.relay_backoff_max_secs),
+            poll_interval: Duration::from_millis(self.relay_poll_interval_ms),
+            listen: self.relay_listen,
+            retention_days: self.retention_days,
+            prune_interval: (self.relay_prune_interval_secs > 0)
+                .then(|| Duration::from_secs(self.relay_prune_interval_secs)),
+            owner,
+        })
+    }
+}
+
+fn base_url(value: Option<&str>, variable: &str) -> Result<String, String> {
+    let url = value.ok_or_else(|| format!("{variable} is required (the API's base URL, http(s)://...)"))?;
+    let parsed = reqwest::Url::parse(url).map_err(|e| format!("{variable} is not a URL: {e}"))?;
+    if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {
+        return Err(format!("{variable} must be an http(s) URL with a host"));
+    }
+    Ok(url.trim_end_matches('/').to_owned())
+}
+
+fn host_name() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "relay".into())
+}

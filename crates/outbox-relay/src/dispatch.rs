@@ -1,0 +1,357 @@
+//! One downstream call for one row, and what to do about its result.
+//!
+//! `prepare -> call -> classify`: the row becomes a [`domain::Command`], the
+//! command becomes a request (the same key and the same body bytes on every
+//! attempt: a downstream rejects a reused key with a different body), and the
+//! response becomes a [`Dispatch`]:
+//!
+//! | result | dispatch |
+//! |---|---|
+//! | 2xx | done |
+//! | 408, 409, 425, 429, 5xx, timeout, connection error | retry after a backoff (or `Retry-After`) |
+//! | any other status | dead at once: retrying cannot help |
+//! | `RELAY_MAX_ATTEMPTS` calls made | dead, keeping the last error |
+
+use std::time::{Duration, SystemTime};
+
+use domain::{Command, Endpoint};
+use rand::Rng as _;
+use reqwest::StatusCode;
+
+use crate::storage::{ClaimedRow, Completion};
+
+/// Where the commands go.
+#[derive(Debug, Clone)]
+pub struct Endpoints {
+    pub fulfilment: String,
+    pub email: String,
+}
+
+/// The retry policy.
+#[derive(Debug, Clone, Copy)]
+pub struct RetryPolicy {
+    pub max_attempts: u32,
+    pub base: Duration,
+    pub max: Duration,
+}
+
+/// What a call came to.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Dispatch {
+    Done,
+    /// Try again; `after` is the server's `Retry-After`, if it gave one.
+    Retry {
+        after: Option<Duration>,
+        error: String,
+    },
+    Dead {
+        reason: String,
+    },
+}
+
+/// The request a row becomes.
+#[derive(Debug)]
+pub struct Prepared {
+    pub command: Command,
+    pub url: String,
+    pub body: Vec<u8>,
+}
+
+/// Reads the row; a payload this release cannot read is dead, unless a newer
+/// relay could read it (then it is retried, for that relay to take).
+pub fn prepare(row: &ClaimedRow, endpoints: &Endpoints) -> Result<Prepared, Dispatch> {
+    let command = Command::decode(&row.kind, &row.payload).map_err(|e| {
+        if e.is_retryable() {
+            Dispatch::Retry {
+                after: None,
+                error: e.to_string(),
+            }
+        } else {
+            Dispatch::Dead {
+                reason: e.to_string(),
+            }
+        }
+    })?;
+    let base = match command.kind.endpoint() {
+        Endpoint::Fulfilment => &endpoints.fulfilment,
+        Endpoint::Email => &endpoints.email,
+    };
+    Ok(Prepared {
+        url: format!("{base}{}", command.kind.path()),
+        body: command.request_body(),
+        command,
+    })
+}
+
+/// Sends it. `traceparent` joins the call to the event's trace.
+pub async fn call(http: &reqwest::Client, prepared: &Prepared, key: &str, traceparent: &str) -> Dispatch {
+    let result = http
+        .post(&prepared.url)
+        .header("Idempotency-Key", key)
+        .header("Content-Type", "application/json")
+        .header("traceparent", traceparent)
+        .body(prepared.body.clone())
+        .send()
+        .await;
+    match result {
+        Ok(response) => classify(response).await,
+        Err(e) => Dispatch::Retry {
+            after: None,
+            error: describe_transport_error(&e),
+        },
+    }
+}
+
+async fn classify(response: reqwest::Response) -> Dispatch {
+    let status = response.status();
+    if status.is_success() {
+        return Dispatch::Done;
+    }
+    let retry_after = response
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(parse_retry_after);
+    // A short excerpt of the body helps whoever reads `dead list`.
+    let excerpt: String = response
+        .text()
+        .await
+        .unwrap_or_default()
+        .chars()
+        .take(200)
+        .collect::<String>()
+        .replace(['\n', '\r'], " ");
+    let error = format!("HTTP {}: {}", status.as_u16(), excerpt.trim());
+    if is_retryable_status(status) {
+        Dispatch::Retry {
+            after: retry_after,
+            error,
+        }
+    } else {
+        Dispatch::Dead { reason: error }
+    }
+}
+
+pub fn is_retryable_status(status: StatusCode) -> bool {
+    status.is_server_error() || matches!(status.as_u16(), 408 | 409 | 425 | 429)
+}
+
+fn describe_transport_error(e: &reqwest::Error) -> String {
+    let kind = if e.is_timeout() {
+        "timeout"
+    } else if e.is_connect() {
+        "connection failed"
+    } else if e.is_request() || e.is_body() {
+        "connection error"
+    } else {
+        "transport error"
+    };
+    let mut text = format!("{kind}: {e}");
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// `Retry-After`: delay-seconds or an HTTP-date.
+pub fn parse_retry_after(value: &str) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(secs) = value.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO))
+}
+
+impl RetryPolicy {
+    /// What to record after attempt number `attempt` (1-based) came to `dispatch`.
+    pub fn complete(&self, attempt: i32, dispatch: Dispatch) -> Completion {
+        match dispatch {
+            Dispatch::Done => Completion::Done,
+            Dispatch::Dead { reason } => Completion::Dead { error: reason },
+            Dispatch::Retry { error, .. } if attempt >= self.max_attempts as i32 => Completion::Dead {
+                error: format!("gave up after {attempt} attempts; last: {error}"),
+            },
+            Dispatch::Retry { after, error } => Completion::Retry {
+                delay: match after {
+                    Some(after) => after.min(self.max),
+                    None => self.backoff(attempt),
+                },
+                error,
+            },
+        }
+    }
+
+    /// Exponential backoff with full jitter: uniform in [0, min(max, base * 2^(attempt-1))].
+    /// Full jitter spreads the retries of many rows that failed together
+    /// (one downstream outage) instead of sending them back in waves.
+    pub fn backoff(&self, attempt: i32) -> Duration {
+        let ceiling = self.ceiling(attempt);
+        let ms = ceiling.as_millis() as u64;
+        Duration::from_millis(rand::rng().random_range(0..=ms))
+    }
+
+    /// The upper bound of the jittered delay after `attempt`.
+    pub fn ceiling(&self, attempt: i32) -> Duration {
+        let exponent = attempt.saturating_sub(1).clamp(0, 30) as u32;
+        self.base.saturating_mul(1u32 << exponent).min(self.max)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy() -> RetryPolicy {
+        RetryPolicy {
+            max_attempts: 5,
+            base: Duration::from_millis(100),
+            max: Duration::from_secs(2),
+        }
+    }
+
+    #[test]
+    fn statuses() {
+        for s in [408, 409, 425, 429, 500, 502, 503, 504, 599] {
+            assert!(is_retryable_status(StatusCode::from_u16(s).unwrap()), "{s}");
+        }
+        for s in [400, 401, 403, 404, 405, 410, 413, 422, 451] {
+            assert!(!is_retryable_status(StatusCode::from_u16(s).unwrap()), "{s}");
+        }
+    }
+
+    #[test]
+    fn backoff_grows_caps_and_jitters() {
+        let p = policy();
+        assert_eq!(p.ceiling(1), Duration::from_millis(100));
+        assert_eq!(p.ceiling(2), Duration::from_millis(200));
+        assert_eq!(p.ceiling(4), Duration::from_millis(800));
+        assert_eq!(p.ceiling(6), Duration::from_secs(2));
+        assert_eq!(p.ceiling(1000), Duration::from_secs(2));
+        let samples: Vec<Duration> = (0..200).map(|_| p.backoff(3)).collect();
+        assert!(samples.iter().all(|d| *d <= Duration::from_millis(400)));
+        let distinct: std::collections::HashSet<_> = samples.iter().collect();
+        assert!(distinct.len() > 20, "full jitter spreads the delays");
+    }
+
+    #[test]
+    fn outcomes_follow_the_policy() {
+        let p = policy();
+        assert_eq!(p.complete(1, Dispatch::Done), Completion::Done);
+        assert_eq!(
+            p.complete(
+                1,
+                Dispatch::Dead {
+                    reason: "HTTP 400: no".into()
+                }
+            ),
+            Completion::Dead {
+                error: "HTTP 400: no".into()
+            }
+        );
+        // Retry-After is honoured, up to the cap.
+        let c = p.complete(
+            2,
+            Dispatch::Retry {
+                after: Some(Duration::from_secs(1)),
+                error: "HTTP 429".into(),
+            },
+        );
+        assert_eq!(
+            c,
+            Completion::Retry {
+                delay: Duration::from_secs(1),
+                error: "HTTP 429".into()
+            }
+        );
+        let c = p.complete(
+            2,
+            Dispatch::Retry {
+                after: Some(Duration::from_secs(99)),
+                error: "e".into(),
+            },
+        );
+        assert_eq!(
+            c,
+            Completion::Retry {
+                delay: Duration::from_secs(2),
+                error: "e".into()
+            }
+        );
+        // The last allowed attempt failing is dead, with the last error.
+        match p.complete(
+            5,
+            Dispatch::Retry {
+                after: None,
+                error: "HTTP 503: busy".into(),
+            },
+        ) {
+            Completion::Dead { error } => assert!(error.contains("5 attempts") && error.contains("HTTP 503")),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn retry_after_forms() {
+        assert_eq!(parse_retry_after("7"), Some(Duration::from_secs(7)));
+        assert_eq!(parse_retry_after(" 0 "), Some(Duration::ZERO));
+        let in_a_minute = httpdate::fmt_http_date(SystemTime::now() + Duration::from_secs(60));
+        let d = parse_retry_after(&in_a_minute).unwrap();
+        assert!(
+            d > Duration::from_secs(55) && d <= Duration::from_secs(60),
+            "{d:?}"
+        );
+        assert_eq!(
+            parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT"),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(parse_retry_after("soon"), None);
+    }
+
+    #[test]
+    fn rows_become_requests() {
+        let endpoints = Endpoints {
+            fulfilment: "http://f.example".into(),
+            email: "http://e.example/v1".into(),
+        };
+        let row = |kind: &str, payload: serde_json::Value| ClaimedRow {
+            id: 1,
+            kind: kind.into(),
+            payload,
+            idempotency_key: "k".into(),
+            attempt: 1,
+            trace_context: None,
+            event_id: "evt".into(),
+        };
+        let p = prepare(
+            &row(
+                "ship_order",
+                serde_json::json!({"v": 1, "order_id": 5, "event_id": "evt"}),
+            ),
+            &endpoints,
+        )
+        .unwrap();
+        assert_eq!(p.url, "http://f.example/shipments");
+        assert_eq!(p.body, br#"{"order_id":5,"event_id":"evt"}"#);
+        let p = prepare(
+            &row(
+                "send_refund_notice",
+                serde_json::json!({"v": 1, "order_id": 5, "event_id": "e"}),
+            ),
+            &endpoints,
+        )
+        .unwrap();
+        assert_eq!(p.url, "http://e.example/v1/emails");
+        assert!(matches!(
+            prepare(&row("teleport", serde_json::json!({"v": 1})), &endpoints),
+            Err(Dispatch::Dead { .. })
+        ));
+        assert!(matches!(
+            prepare(&row("ship_order", serde_json::json!({"v": 9})), &endpoints),
+            Err(Dispatch::Retry { .. })
+        ));
+    }
+}

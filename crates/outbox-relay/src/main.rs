@@ -1,0 +1,63 @@
+//! `outbox-relay`: run the worker (default), or an operator command
+//! (`dead list`, `dead requeue`, `stats`, `prune`).
+//!
+//! # Layout
+//! Parses configuration (exit 2 with one line naming the variable on any
+//! error), installs logging, then hands over to the library: see `lib.rs`.
+#![forbid(unsafe_code)]
+
+use std::process::ExitCode;
+
+use outbox_relay::config::{Cli, Command, DeadCommand};
+use outbox_relay::startup::Application;
+use service::config_error;
+
+const PROGRAM: &str = "outbox-relay";
+
+fn main() -> ExitCode {
+    let cli: Cli = service::parse_or_exit(PROGRAM);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("building the tokio runtime");
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{PROGRAM}: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let settings = cli.settings;
+    let database = settings.database().unwrap_or_else(|e| config_error(PROGRAM, &e));
+    match cli.command.unwrap_or(Command::Run) {
+        Command::Run => {
+            let config = settings.relay().unwrap_or_else(|e| config_error(PROGRAM, &e));
+            let listen_database = settings
+                .listen_database()
+                .unwrap_or_else(|e| config_error(PROGRAM, &e));
+            service::logs::init(settings.log_format);
+            let app = Application::build(
+                &settings.admin_listen_addr.to_string(),
+                &database,
+                listen_database,
+                settings.database_pool_size,
+                config,
+            )?;
+            tracing::info!(admin_port = app.admin_port(), database = %database.describe(), "starting");
+            let shutdown = service::shutdown::on_signal();
+            app.run_until_stopped(shutdown).await
+        }
+        Command::Dead {
+            command: DeadCommand::List { json },
+        } => outbox_relay::ops::dead_list(&database, json).await,
+        Command::Dead {
+            command: DeadCommand::Requeue { id, all },
+        } => outbox_relay::ops::dead_requeue(&database, if all { None } else { id }).await,
+        Command::Stats { json } => outbox_relay::ops::stats(&database, json).await,
+        Command::Prune => outbox_relay::ops::prune(&database, settings.retention_days).await,
+    }
+}

@@ -1,0 +1,105 @@
+//! The relay's Prometheus metrics (SPEC section 6). Gauges read from the
+//! database are refreshed on an interval by one task, not per scrape.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DispatchLabels {
+    pub kind: String,
+    /// done | retry | dead
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: String,
+}
+
+#[derive(Clone)]
+pub struct RelayMetrics {
+    pub dispatches: Family<DispatchLabels, Counter>,
+    pub dispatch_duration: Family<KindLabel, Histogram>,
+    pub pending: Gauge,
+    pub oldest_pending_age: Gauge<f64, AtomicU64>,
+    pub dead: Gauge,
+    pub enqueue_to_done: Histogram,
+}
+
+const CALL_BUCKETS: [f64; 14] = [
+    0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// From milliseconds (idle relay, NOTIFY) to hours (a downstream outage).
+const ENQUEUE_TO_DONE_BUCKETS: [f64; 16] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0, 7200.0,
+];
+
+impl RelayMetrics {
+    pub fn register(registry: &mut Registry) -> Self {
+        let metrics = Self {
+            dispatches: Family::default(),
+            dispatch_duration: Family::new_with_constructor(|| Histogram::new(CALL_BUCKETS)),
+            pending: Gauge::default(),
+            oldest_pending_age: Gauge::default(),
+            dead: Gauge::default(),
+            enqueue_to_done: Histogram::new(ENQUEUE_TO_DONE_BUCKETS),
+        };
+        registry.register(
+            "outbox_dispatch",
+            "Downstream calls by command kind and outcome",
+            metrics.dispatches.clone(),
+        );
+        registry.register(
+            "outbox_dispatch_duration_seconds",
+            "Downstream call duration by command kind, in seconds",
+            metrics.dispatch_duration.clone(),
+        );
+        registry.register(
+            "outbox_pending",
+            "Rows pending (due, leased or waiting to retry)",
+            metrics.pending.clone(),
+        );
+        registry.register(
+            "outbox_oldest_pending_age_seconds",
+            "Age of the oldest pending row, 0 when none",
+            metrics.oldest_pending_age.clone(),
+        );
+        registry.register(
+            "outbox_dead",
+            "Rows dead, waiting for an operator",
+            metrics.dead.clone(),
+        );
+        registry.register(
+            "outbox_enqueue_to_done_seconds",
+            "Time from enqueue (the ingest's commit) to done, in seconds",
+            metrics.enqueue_to_done.clone(),
+        );
+        metrics
+    }
+
+    pub fn dispatched(&self, kind: &str, outcome: &'static str, seconds: f64) {
+        self.dispatches
+            .get_or_create(&DispatchLabels {
+                kind: kind.to_owned(),
+                outcome,
+            })
+            .inc();
+        self.dispatch_duration
+            .get_or_create(&KindLabel {
+                kind: kind.to_owned(),
+            })
+            .observe(seconds);
+    }
+
+    pub fn set_backlog(&self, backlog: &crate::storage::Backlog) {
+        self.pending.set(backlog.pending);
+        self.oldest_pending_age.set(backlog.oldest_pending_age_seconds);
+        self.dead.set(backlog.dead);
+    }
+}

@@ -1,0 +1,184 @@
+//! Building and running the worker: admin endpoints, the LISTEN connection,
+//! the gauges refresher, the periodic pruner and the relay loop, all stopped
+//! by one token.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use prometheus_client::registry::Registry;
+use service::{AdminServer, Readiness};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::RelayConfig;
+use crate::metrics::RelayMetrics;
+use crate::worker::{LoopHealth, Relay};
+use crate::{listener, storage};
+
+/// How often the database-derived gauges are refreshed (SPEC: at least every 10 s).
+const GAUGE_REFRESH: Duration = Duration::from_secs(5);
+
+pub struct Application {
+    relay: Arc<Relay>,
+    admin: AdminServer,
+    pool: deadpool_postgres::Pool,
+    database: db::Database,
+    listen_database: db::Database,
+    metrics: RelayMetrics,
+    config: RelayConfig,
+}
+
+impl Application {
+    pub fn build(
+        admin_addr: &str,
+        database: &db::Database,
+        listen_database: Option<db::Database>,
+        pool_size: u32,
+        config: RelayConfig,
+    ) -> anyhow::Result<Self> {
+        let pool = database.pool(&db::ConnectOptions {
+            application_name: "outbox-relay",
+            statement_timeout: Some(Duration::from_secs(30)),
+            abort_when_client_leaves: false,
+            pool_size: pool_size as usize,
+            pool_wait: Duration::from_secs(5),
+        });
+        let mut registry = Registry::default();
+        let metrics = RelayMetrics::register(&mut registry);
+        let relay = Arc::new(Relay::new(pool.clone(), config.clone(), metrics.clone())?);
+        let admin = AdminServer::bind(
+            admin_addr,
+            readiness(pool.clone(), relay.health.clone(), config.clone()),
+            Arc::new(registry),
+        )
+        .with_context(|| format!("binding ADMIN_LISTEN_ADDR {admin_addr}"))?;
+        Ok(Self {
+            relay,
+            admin,
+            pool,
+            database: database.clone(),
+            listen_database: listen_database.unwrap_or_else(|| database.clone()),
+            metrics,
+            config,
+        })
+    }
+
+    pub fn admin_port(&self) -> u16 {
+        self.admin.port()
+    }
+
+    pub fn relay(&self) -> Arc<Relay> {
+        self.relay.clone()
+    }
+
+    /// Runs until `shutdown`; returns once in-flight calls are recorded and
+    /// unstarted rows released.
+    pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        tokio::spawn(db::ready::announce(self.pool.clone()));
+        let admin_handle = self.admin.handle();
+        let admin = tokio::spawn(self.admin.run());
+        let background = CancellationToken::new();
+        if self.config.listen {
+            tokio::spawn(listener::listen(
+                self.listen_database.clone(),
+                self.relay.waker(),
+                self.relay.health.clone(),
+                background.clone(),
+            ));
+        }
+        tokio::spawn(refresh_gauges(
+            self.pool.clone(),
+            self.metrics.clone(),
+            background.clone(),
+        ));
+        if let Some(interval) = self.config.prune_interval {
+            tokio::spawn(prune_periodically(
+                self.database.clone(),
+                self.config.retention_days,
+                interval,
+                background.clone(),
+            ));
+        }
+        tracing::info!(owner = self.relay.owner(), "outbox-relay running");
+        self.relay.clone().run(shutdown).await;
+        background.cancel();
+        admin_handle.stop(true).await;
+        let _ = admin.await;
+        self.pool.close();
+        tracing::info!("outbox-relay stopped: in-flight calls recorded, unstarted rows released");
+        Ok(())
+    }
+}
+
+/// `/readyz`: database reachable and current, and the claim loop alive
+/// (woken by NOTIFY or, without it, by its polling fallback).
+fn readiness(pool: deadpool_postgres::Pool, health: Arc<LoopHealth>, config: RelayConfig) -> Readiness {
+    let stale_after = (config.poll_interval * 3)
+        .max(Duration::from_secs(15))
+        .as_millis() as i64;
+    Arc::new(move || {
+        let pool = pool.clone();
+        let health = health.clone();
+        let listen = config.listen;
+        Box::pin(async move {
+            db::ready::check(&pool).await?;
+            let last = health.last_claim_ms.load(Ordering::Relaxed);
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as i64);
+            if now - last > stale_after {
+                return Err(format!("claim loop idle for {} ms", now - last));
+            }
+            if listen && health.listening.load(Ordering::Relaxed) == 0 {
+                tracing::debug!("ready on polling alone: the LISTEN connection is down");
+            }
+            Ok(())
+        })
+    })
+}
+
+async fn refresh_gauges(pool: deadpool_postgres::Pool, metrics: RelayMetrics, stop: CancellationToken) {
+    loop {
+        if let Ok(client) = pool.get().await {
+            match storage::backlog(&**client).await {
+                Ok(backlog) => metrics.set_backlog(&backlog),
+                Err(e) => tracing::debug!(error = %e, "refreshing the backlog gauges"),
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(GAUGE_REFRESH) => {}
+            _ = stop.cancelled() => return,
+        }
+    }
+}
+
+async fn prune_periodically(
+    database: db::Database,
+    retention_days: u32,
+    interval: Duration,
+    stop: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = stop.cancelled() => return,
+        }
+        let result = async {
+            let client = database.connect("outbox-relay-prune").await?;
+            anyhow::Ok(storage::prune(&client, retention_days).await?)
+        }
+        .await;
+        match result {
+            Ok(p) if p.ran && (p.outbox_rows > 0 || p.processed_events > 0) => {
+                tracing::info!(
+                    outbox_rows = p.outbox_rows,
+                    processed_events = p.processed_events,
+                    "pruned"
+                )
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = format!("{e:#}"), "prune failed"),
+        }
+    }
+}

@@ -1,0 +1,345 @@
+//! All of the relay's SQL.
+//!
+//! A row's life: `pending` (due when `available_at <= now()`) -> claimed (still
+//! `pending`, `lease_owner` set, `available_at` pushed to the lease's expiry, so
+//! it is not due for anyone else) -> `done`, back to `pending` later (retry), or
+//! `dead`. Claims and completions are single statements, each its own short
+//! transaction; no transaction is open while a downstream call is.
+//!
+//! Completion is fenced on the lease: a relay records an outcome only for rows
+//! it still holds. A relay that stalled past its lease finds its rows taken by
+//! another relay and records nothing for them.
+
+use std::time::Duration;
+
+use tokio_postgres::GenericClient;
+
+/// The channel the ingest notifies in its transaction.
+pub const NOTIFY_CHANNEL: &str = "outbox_pending";
+
+/// Due rows, as the KEDA autoscaler counts them too (`deploy/` uses this file).
+pub const COUNT_DUE: &str = include_str!("../sql/count_due.sql");
+
+/// Due, unleased, pending rows in due order (id order among rows due at the same
+/// time). `SKIP LOCKED`: concurrent relays take disjoint batches and never wait
+/// on each other. The partial index on (available_at, id) WHERE pending keeps
+/// the cost independent of how many done rows exist.
+const CLAIM: &str = "
+WITH due AS (
+    SELECT id FROM outbox
+     WHERE status = 'pending' AND available_at <= now()
+     ORDER BY available_at, id
+     LIMIT $1
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE outbox AS o
+   SET lease_owner = $2,
+       available_at = now() + $3::int8 * interval '1 millisecond',
+       attempts = o.attempts + 1
+  FROM due
+ WHERE o.id = due.id
+RETURNING o.id, o.kind, o.payload, o.idempotency_key, o.attempts, o.trace_context, o.event_id";
+
+/// Every outcome of a batch in one statement. `release` hands a row back
+/// untouched (it was claimed but never sent: shutdown), undoing its attempt.
+const COMPLETE: &str = "
+UPDATE outbox AS o
+   SET status = CASE v.outcome WHEN 'done' THEN 'done' WHEN 'dead' THEN 'dead' ELSE 'pending' END,
+       finished_at = CASE WHEN v.outcome IN ('done', 'dead') THEN now() END,
+       available_at = CASE v.outcome
+                        WHEN 'retry' THEN now() + v.delay_ms * interval '1 millisecond'
+                        WHEN 'release' THEN now()
+                        ELSE o.available_at END,
+       attempts = o.attempts - CASE WHEN v.outcome = 'release' THEN 1 ELSE 0 END,
+       lease_owner = NULL,
+       last_error = CASE v.outcome WHEN 'done' THEN NULL WHEN 'release' THEN o.last_error ELSE v.error END
+  FROM unnest($1::int8[], $2::text[], $3::int8[], $4::text[]) AS v(id, outcome, delay_ms, error)
+ WHERE o.id = v.id AND o.lease_owner = $5 AND o.status = 'pending'
+RETURNING o.id, o.status, extract(epoch FROM now() - o.created_at)::float8";
+
+/// A claimed row: what to send, and where it belongs in its event's trace.
+#[derive(Debug, Clone)]
+pub struct ClaimedRow {
+    pub id: i64,
+    pub kind: String,
+    pub payload: serde_json::Value,
+    pub idempotency_key: String,
+    /// This attempt's number (1 for the first call).
+    pub attempt: i32,
+    pub trace_context: Option<String>,
+    pub event_id: String,
+}
+
+/// What to record for a row.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Completion {
+    Done,
+    Retry { delay: Duration, error: String },
+    Dead { error: String },
+    Release,
+}
+
+impl Completion {
+    fn outcome(&self) -> &'static str {
+        match self {
+            Self::Done => "done",
+            Self::Retry { .. } => "retry",
+            Self::Dead { .. } => "dead",
+            Self::Release => "release",
+        }
+    }
+}
+
+/// A recorded row: its new status and, when done, its age (enqueue to done).
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub id: i64,
+    pub status: String,
+    pub age_seconds: f64,
+}
+
+pub async fn claim_due_batch(
+    client: &deadpool_postgres::Client,
+    limit: i64,
+    owner: &str,
+    lease: Duration,
+) -> Result<Vec<ClaimedRow>, tokio_postgres::Error> {
+    let statement = client.prepare_cached(CLAIM).await?;
+    let lease_ms = lease.as_millis() as i64;
+    let rows = client.query(&statement, &[&limit, &owner, &lease_ms]).await?;
+    let mut claimed: Vec<ClaimedRow> = rows
+        .into_iter()
+        .map(|r| ClaimedRow {
+            id: r.get(0),
+            kind: r.get(1),
+            payload: r.get(2),
+            idempotency_key: r.get(3),
+            attempt: r.get(4),
+            trace_context: r.get(5),
+            event_id: r.get(6),
+        })
+        .collect();
+    claimed.sort_by_key(|r| r.id);
+    Ok(claimed)
+}
+
+/// Records a batch of outcomes, fenced on `owner`. Rows this relay no longer
+/// holds are skipped (and absent from the result).
+pub async fn record_outcomes(
+    client: &deadpool_postgres::Client,
+    owner: &str,
+    outcomes: &[(i64, Completion)],
+) -> Result<Vec<Recorded>, tokio_postgres::Error> {
+    if outcomes.is_empty() {
+        return Ok(Vec::new());
+    }
+    let statement = client.prepare_cached(COMPLETE).await?;
+    let mut ids = Vec::with_capacity(outcomes.len());
+    let mut kinds = Vec::with_capacity(outcomes.len());
+    let mut delays = Vec::with_capacity(outcomes.len());
+    let mut errors: Vec<Option<&str>> = Vec::with_capacity(outcomes.len());
+    for (id, completion) in outcomes {
+        ids.push(*id);
+        kinds.push(completion.outcome());
+        match completion {
+            Completion::Retry { delay, error } => {
+                delays.push(delay.as_millis() as i64);
+                errors.push(Some(error));
+            }
+            Completion::Dead { error } => {
+                delays.push(0);
+                errors.push(Some(error));
+            }
+            Completion::Done | Completion::Release => {
+                delays.push(0);
+                errors.push(None);
+            }
+        }
+    }
+    let rows = client
+        .query(&statement, &[&ids, &kinds, &delays, &errors, &owner])
+        .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| Recorded {
+            id: r.get(0),
+            status: r.get(1),
+            age_seconds: r.get(2),
+        })
+        .collect())
+}
+
+/// Database-derived gauges.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Backlog {
+    pub pending: i64,
+    pub oldest_pending_age_seconds: f64,
+    pub dead: i64,
+    pub due: i64,
+}
+
+/// Counts for the gauges: served by the partial indexes, cheap at any size of history.
+pub async fn backlog(client: &impl GenericClient) -> Result<Backlog, tokio_postgres::Error> {
+    let row = client
+        .query_one(
+            "SELECT count(*),
+                    coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8,
+                    (SELECT count(*) FROM outbox WHERE status = 'dead'),
+                    count(*) FILTER (WHERE available_at <= now())
+               FROM outbox WHERE status = 'pending'",
+            &[],
+        )
+        .await?;
+    Ok(Backlog {
+        pending: row.get(0),
+        oldest_pending_age_seconds: row.get(1),
+        dead: row.get(2),
+        due: row.get(3),
+    })
+}
+
+/// A dead row, for `dead list`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DeadRow {
+    pub id: i64,
+    pub kind: String,
+    pub idempotency_key: String,
+    pub attempts: i32,
+    pub last_error: Option<String>,
+    pub age_seconds: f64,
+    pub event_id: String,
+}
+
+pub async fn dead_rows(client: &impl GenericClient) -> Result<Vec<DeadRow>, tokio_postgres::Error> {
+    let rows = client
+        .query(
+            "SELECT id, kind, idempotency_key, attempts, last_error,
+                    extract(epoch FROM now() - created_at)::float8, event_id
+               FROM outbox WHERE status = 'dead' ORDER BY id",
+            &[],
+        )
+        .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| DeadRow {
+            id: r.get(0),
+            kind: r.get(1),
+            idempotency_key: r.get(2),
+            attempts: r.get(3),
+            last_error: r.get(4),
+            age_seconds: r.get(5),
+            event_id: r.get(6),
+        })
+        .collect())
+}
+
+/// Dead rows back to pending, due now, attempts reset; `None` requeues all.
+/// Notifies the relays in the same transaction.
+pub async fn requeue_dead(
+    client: &impl GenericClient,
+    id: Option<i64>,
+) -> Result<u64, tokio_postgres::Error> {
+    let rows = client
+        .query(
+            "WITH requeued AS (
+                 UPDATE outbox SET status = 'pending', available_at = now(), attempts = 0,
+                                   lease_owner = NULL, finished_at = NULL
+                  WHERE status = 'dead' AND ($1::int8 IS NULL OR id = $1)
+                 RETURNING id)
+             SELECT count(*), (SELECT count(pg_notify('outbox_pending', '')) FROM (SELECT 1 FROM requeued LIMIT 1) n)
+               FROM requeued",
+            &[&id],
+        )
+        .await?;
+    Ok(rows.first().map_or(0, |r| r.get::<_, i64>(0) as u64))
+}
+
+/// Rows by status and kind.
+pub async fn counts_by_status_and_kind(
+    client: &impl GenericClient,
+) -> Result<Vec<(String, String, i64)>, tokio_postgres::Error> {
+    let rows = client
+        .query(
+            "SELECT status, kind, count(*) FROM outbox GROUP BY status, kind ORDER BY status, kind",
+            &[],
+        )
+        .await?;
+    Ok(rows.into_iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect())
+}
+
+/// Rows deleted per statement: small enough that each delete is short and
+/// never blocks the ingest or bloats one transaction.
+pub const PRUNE_BATCH: i64 = 1000;
+
+/// Advisory lock key of the pruner: one replica prunes at a time.
+const PRUNE_LOCK: i64 = 0x5052_554e_4552_0001;
+
+#[derive(Debug, Default, Clone, Copy, serde::Serialize)]
+pub struct Pruned {
+    pub outbox_rows: u64,
+    pub processed_events: u64,
+    /// False when another replica held the prune lock.
+    pub ran: bool,
+}
+
+/// Deletes done/cancelled outbox rows and processed events older than the
+/// retention, in batches of [`PRUNE_BATCH`], under a try-lock.
+pub async fn prune(
+    client: &tokio_postgres::Client,
+    retention_days: u32,
+) -> Result<Pruned, tokio_postgres::Error> {
+    let locked: bool = client
+        .query_one("SELECT pg_try_advisory_lock($1)", &[&PRUNE_LOCK])
+        .await?
+        .get(0);
+    if !locked {
+        return Ok(Pruned::default());
+    }
+    let result = prune_locked(client, retention_days).await;
+    let _ = client
+        .execute("SELECT pg_advisory_unlock($1)", &[&PRUNE_LOCK])
+        .await;
+    result
+}
+
+async fn prune_locked(
+    client: &tokio_postgres::Client,
+    retention_days: u32,
+) -> Result<Pruned, tokio_postgres::Error> {
+    let days = f64::from(retention_days);
+    let outbox = client
+        .prepare(
+            "DELETE FROM outbox WHERE id IN (
+                 SELECT id FROM outbox
+                  WHERE status IN ('done', 'cancelled') AND finished_at < now() - $1 * interval '1 day'
+                  ORDER BY finished_at LIMIT $2)",
+        )
+        .await?;
+    let events = client
+        .prepare(
+            "DELETE FROM processed_events WHERE event_id IN (
+                 SELECT event_id FROM processed_events
+                  WHERE processed_at < now() - $1 * interval '1 day'
+                  ORDER BY processed_at LIMIT $2)",
+        )
+        .await?;
+    let mut pruned = Pruned {
+        ran: true,
+        ..Pruned::default()
+    };
+    loop {
+        let n = client.execute(&outbox, &[&days, &PRUNE_BATCH]).await?;
+        pruned.outbox_rows += n;
+        if n < PRUNE_BATCH as u64 {
+            break;
+        }
+    }
+    loop {
+        let n = client.execute(&events, &[&days, &PRUNE_BATCH]).await?;
+        pruned.processed_events += n;
+        if n < PRUNE_BATCH as u64 {
+            break;
+        }
+    }
+    Ok(pruned)
+}

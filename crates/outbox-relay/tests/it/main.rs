@@ -1,0 +1,10 @@
+//! outbox-relay against a real Postgres (a fresh database per test), the
+//! simulated downstream over real HTTP, and real processes where a test kills
+//! or stops one.
+
+mod crash;
+mod delivery;
+mod helpers;
+mod notify;
+mod ops;
+mod retries;

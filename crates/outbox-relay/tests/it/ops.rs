@@ -1,0 +1,168 @@
+//! The operator's commands against a known state.
+
+use std::process::Command;
+
+use crate::helpers::env;
+
+fn relay_cli(url: &str, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        .args(args)
+        .env("DATABASE_URL", url)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+#[tokio::test]
+async fn stats_count_by_status_and_kind() {
+    let env = env().await;
+    env.seed(1, 5).await;
+    env.enqueue("send_confirmation", 1, "evt_1").await;
+    env.client
+        .batch_execute(
+            "UPDATE outbox SET status = 'done', finished_at = now() WHERE order_id IN (1, 2) AND kind = 'ship_order';
+             UPDATE outbox SET status = 'dead', finished_at = now(), last_error = 'HTTP 400' WHERE order_id = 3;
+             UPDATE outbox SET created_at = now() - interval '90 seconds' WHERE order_id = 4;",
+        )
+        .await
+        .unwrap();
+    let (ok, out, err) = relay_cli(&env.db.url, &["stats", "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["pending"], 3);
+    assert_eq!(v["dead"], 1);
+    let age = v["oldest_pending_age_seconds"].as_f64().unwrap();
+    assert!((89.0..120.0).contains(&age), "{age}");
+    let find = |status: &str, kind: &str| {
+        v["by_status_and_kind"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["status"] == status && r["kind"] == kind)
+            .map(|r| r["count"].as_i64().unwrap())
+    };
+    assert_eq!(find("done", "ship_order"), Some(2));
+    assert_eq!(find("dead", "ship_order"), Some(1));
+    assert_eq!(find("pending", "ship_order"), Some(2));
+    assert_eq!(find("pending", "send_confirmation"), Some(1));
+    let (ok, table, _) = relay_cli(&env.db.url, &["stats"]);
+    assert!(ok && table.contains("oldest pending: 9"), "{table}");
+}
+
+#[tokio::test]
+async fn requeue_all_and_unknown_ids() {
+    let env = env().await;
+    env.seed(1, 3).await;
+    env.client
+        .batch_execute(
+            "UPDATE outbox SET status = 'dead', attempts = 25, finished_at = now(), last_error = 'x'",
+        )
+        .await
+        .unwrap();
+    let (ok, _, err) = relay_cli(&env.db.url, &["dead", "requeue", "999999"]);
+    assert!(!ok && err.contains("999999"), "{err}");
+    let (ok, out, err) = relay_cli(&env.db.url, &["dead", "requeue", "--all"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("requeued 3"), "{out}");
+    assert_eq!(
+        env.count(
+            "SELECT count(*) FROM outbox WHERE status = 'pending' AND attempts = 0 AND available_at <= now()"
+        )
+        .await,
+        3
+    );
+}
+
+/// Retention removes only what is old and finished; pending and dead rows,
+/// and recent history, stay.
+#[tokio::test]
+async fn prune_deletes_old_finished_rows_and_events_only() {
+    let env = env().await;
+    env.seed(1, 2500).await;
+    env.client
+        .batch_execute(
+            "UPDATE outbox SET status = 'done', finished_at = now() - interval '8 days' WHERE order_id <= 2200;
+             UPDATE outbox SET status = 'cancelled', finished_at = now() - interval '9 days' WHERE order_id BETWEEN 2201 AND 2210;
+             UPDATE outbox SET status = 'done', finished_at = now() - interval '1 day' WHERE order_id BETWEEN 2211 AND 2300;
+             UPDATE outbox SET status = 'dead', finished_at = now() - interval '30 days' WHERE order_id BETWEEN 2301 AND 2310;
+             INSERT INTO processed_events (event_id, event_type, status, result, processed_at)
+             SELECT 'evt_old_' || n, 'payment.succeeded', 'processed', '{}', now() - interval '8 days'
+               FROM generate_series(1, 1500) n;
+             INSERT INTO processed_events (event_id, event_type, status, result)
+             SELECT 'evt_new_' || n, 'payment.succeeded', 'processed', '{}' FROM generate_series(1, 10) n;",
+        )
+        .await
+        .unwrap();
+    let (ok, out, err) = relay_cli(&env.db.url, &["prune"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("pruned 2210 outbox row(s) and 1500 processed event(s)"),
+        "{out}"
+    );
+    assert_eq!(env.count("SELECT count(*) FROM outbox").await, 2500 - 2210);
+    assert_eq!(
+        env.count("SELECT count(*) FROM outbox WHERE status = 'dead'")
+            .await,
+        10
+    );
+    assert_eq!(
+        env.count("SELECT count(*) FROM outbox WHERE status = 'pending'")
+            .await,
+        190
+    );
+    assert_eq!(env.count("SELECT count(*) FROM processed_events").await, 10);
+
+    // One replica at a time: while another session holds the lock, nothing runs.
+    env.client
+        .execute("SELECT pg_advisory_lock($1)", &[&0x5052_554e_4552_0001_i64])
+        .await
+        .unwrap();
+    let (ok, out, _) = relay_cli(&env.db.url, &["prune"]);
+    assert!(ok && out.contains("another replica"), "{out}");
+}
+
+#[tokio::test]
+async fn configuration_errors_name_the_variable() {
+    let base = [
+        ("DATABASE_URL", "postgres://nobody@127.0.0.1:1/none"),
+        ("FULFILMENT_URL", "http://127.0.0.1:1"),
+        ("EMAIL_URL", "http://127.0.0.1:1"),
+    ];
+    type Case<'a> = (&'a [(&'a str, &'a str)], &'a [&'a str]);
+    let cases: &[Case] = &[
+        (&[("FULFILMENT_URL", "")], &["FULFILMENT_URL"]),
+        (&[("EMAIL_URL", "not a url")], &["EMAIL_URL"]),
+        (&[("RELAY_BATCH_SIZE", "0")], &["RELAY_BATCH_SIZE"]),
+        (&[("RELAY_CONCURRENCY", "lots")], &["RELAY_CONCURRENCY"]),
+        (&[("RELAY_POLL_INTERVAL_MS", "-5")], &["RELAY_POLL_INTERVAL_MS"]),
+        (&[("RELAY_LISTEN", "maybe")], &["RELAY_LISTEN"]),
+        (&[("RETENTION_DAYS", "0")], &["RETENTION_DAYS"]),
+        (
+            &[("RELAY_LEASE_SECS", "10"), ("RELAY_HTTP_TIMEOUT_MS", "10000")],
+            &["RELAY_LEASE_SECS", "RELAY_HTTP_TIMEOUT_MS"],
+        ),
+    ];
+    for (overrides, names) in cases {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
+        cmd.env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default());
+        for (k, v) in base.iter().chain(overrides.iter()) {
+            cmd.env(k, v);
+        }
+        if overrides.iter().any(|(k, _)| *k == "FULFILMENT_URL") {
+            cmd.env_remove("FULFILMENT_URL");
+        }
+        let out = cmd.output().unwrap();
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        assert_eq!(out.status.code(), Some(2), "{names:?}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr:?}");
+        for name in *names {
+            assert!(stderr.contains(name), "{name} not named in {stderr:?}");
+        }
+        assert!(!stderr.contains("panicked"));
+    }
+}
