@@ -5,7 +5,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: all build release test test-unit lint fmt run bench db-start db-stop db-url clean-test-dbs
+.PHONY: all build release test lint fmt run bench deploy-check db-start db-stop db-url
 
 all: build
 
@@ -15,9 +15,15 @@ build:
 release:
 	$(CARGO) build --release --workspace --bins
 
-## Every test, against a real Postgres (DATABASE_URL, or the throwaway cluster).
+## Every test, against a real Postgres (DATABASE_URL, or the throwaway cluster),
+## then the offline check of the Kubernetes manifests against the binaries.
 test: build
 	scripts/with-db.sh scripts/test.sh
+	scripts/deploy-check.sh
+
+## Kubernetes manifests: schemas (offline) and their agreement with the binaries.
+deploy-check: build
+	scripts/deploy-check.sh
 
 ## fmt + clippy, warnings are errors.
 lint:

@@ -20,7 +20,9 @@ CREATE TABLE processed_events (
     last_delivered_at timestamptz NOT NULL DEFAULT now(),
     -- W3C traceparent of the request that processed it: from an event id to its trace.
     trace_context     text
-);
+)
+-- Duplicate deliveries update the counters in place (HOT).
+WITH (fillfactor = 90);
 -- Retention deletes by age in small batches; the audit and `events list` read by age.
 CREATE INDEX processed_events_processed_at_idx ON processed_events (processed_at);
 -- Unmatched events are what an operator reconciles; keep finding them cheap.
@@ -57,18 +59,23 @@ CREATE TABLE outbox (
     -- W3C traceparent of the ingest request: every attempt joins that trace.
     trace_context   text,
     created_at      timestamptz NOT NULL DEFAULT now(),
-    -- When a relay may next claim the row. While a relay holds the row this is
-    -- its lease expiry, so "due and unleased" is the single condition
-    -- available_at <= now(), served by one partial index.
+    -- When the row is next due: at once, or after a retry's backoff.
     available_at    timestamptz NOT NULL DEFAULT now(),
-    -- The relay holding the lease; completion is fenced on it.
+    -- The relay holding the lease, and until when; completion is fenced on
+    -- lease_owner. Neither is indexed, so taking a lease is a HOT update (no
+    -- index entry written), which is most of what keeps the claim cheap.
     lease_owner     text,
+    leased_until    timestamptz,
     last_error      text,
     -- When the row left `pending` (done, dead or cancelled).
     finished_at     timestamptz
-);
+)
+-- Room on each page for the lease and completion updates to stay on the page
+-- (HOT): the table is written three times per row in a few seconds.
+WITH (fillfactor = 70);
 -- The claim walks only pending rows, due first: its cost does not grow with
--- the history of done rows.
+-- the history of done rows. Leased rows stay in it (the lease is not indexed)
+-- and are skipped by the claim: at most the calls in flight.
 CREATE INDEX outbox_due_idx ON outbox (available_at, id) WHERE status = 'pending';
 -- Retention of finished rows, oldest first, in small batches.
 CREATE INDEX outbox_finished_idx ON outbox (finished_at) WHERE status IN ('done', 'cancelled');

@@ -61,6 +61,9 @@ pub struct ConnectOptions {
     /// (`client_connection_check_interval`), so a statement whose caller gave
     /// up (a deadline) is cancelled and rolled back instead of committing later.
     pub abort_when_client_leaves: bool,
+    /// Commit without waiting for the WAL flush (`synchronous_commit=off`).
+    /// Only for writes that may be lost in a server crash without harm.
+    pub asynchronous_commit: bool,
     /// Pool size: connections, not clients. Two cores saturate long before 16.
     pub pool_size: usize,
     /// How long a caller waits for a pooled connection (or a new one).
@@ -151,6 +154,9 @@ impl Database {
         }
         if options.abort_when_client_leaves {
             settings.push("-c client_connection_check_interval=250".to_owned());
+        }
+        if options.asynchronous_commit {
+            settings.push("-c synchronous_commit=off".to_owned());
         }
         if !settings.is_empty() {
             let existing = config.get_options().map(str::to_owned);

@@ -14,17 +14,38 @@
 
 use std::time::{Duration, SystemTime};
 
-use domain::{Command, Endpoint};
+use domain::{Command, CommandKind, Endpoint};
 use rand::Rng as _;
 use reqwest::StatusCode;
 
 use crate::storage::{ClaimedRow, Completion};
 
-/// Where the commands go.
+/// Where the commands go: the full URLs, parsed once.
 #[derive(Debug, Clone)]
 pub struct Endpoints {
-    pub fulfilment: String,
-    pub email: String,
+    shipments: reqwest::Url,
+    emails: reqwest::Url,
+}
+
+impl Endpoints {
+    /// From the base URLs (`FULFILMENT_URL`, `EMAIL_URL`).
+    pub fn new(fulfilment: &str, email: &str) -> Result<Self, String> {
+        let join = |base: &str, path: &str| {
+            reqwest::Url::parse(&format!("{}{path}", base.trim_end_matches('/')))
+                .map_err(|e| format!("{base}: {e}"))
+        };
+        Ok(Self {
+            shipments: join(fulfilment, CommandKind::ShipOrder.path())?,
+            emails: join(email, CommandKind::SendConfirmation.path())?,
+        })
+    }
+
+    fn url(&self, kind: CommandKind) -> &reqwest::Url {
+        match kind.endpoint() {
+            Endpoint::Fulfilment => &self.shipments,
+            Endpoint::Email => &self.emails,
+        }
+    }
 }
 
 /// The retry policy.
@@ -53,7 +74,7 @@ pub enum Dispatch {
 #[derive(Debug)]
 pub struct Prepared {
     pub command: Command,
-    pub url: String,
+    pub url: reqwest::Url,
     pub body: Vec<u8>,
 }
 
@@ -72,12 +93,8 @@ pub fn prepare(row: &ClaimedRow, endpoints: &Endpoints) -> Result<Prepared, Disp
             }
         }
     })?;
-    let base = match command.kind.endpoint() {
-        Endpoint::Fulfilment => &endpoints.fulfilment,
-        Endpoint::Email => &endpoints.email,
-    };
     Ok(Prepared {
-        url: format!("{base}{}", command.kind.path()),
+        url: endpoints.url(command.kind).clone(),
         body: command.request_body(),
         command,
     })
@@ -86,7 +103,7 @@ pub fn prepare(row: &ClaimedRow, endpoints: &Endpoints) -> Result<Prepared, Disp
 /// Sends it. `traceparent` joins the call to the event's trace.
 pub async fn call(http: &reqwest::Client, prepared: &Prepared, key: &str, traceparent: &str) -> Dispatch {
     let result = http
-        .post(&prepared.url)
+        .post(prepared.url.clone())
         .header("Idempotency-Key", key)
         .header("Content-Type", "application/json")
         .header("traceparent", traceparent)
@@ -313,10 +330,7 @@ mod tests {
 
     #[test]
     fn rows_become_requests() {
-        let endpoints = Endpoints {
-            fulfilment: "http://f.example".into(),
-            email: "http://e.example/v1".into(),
-        };
+        let endpoints = Endpoints::new("http://f.example", "http://e.example/v1/").unwrap();
         let row = |kind: &str, payload: serde_json::Value| ClaimedRow {
             id: 1,
             kind: kind.into(),
@@ -334,7 +348,7 @@ mod tests {
             &endpoints,
         )
         .unwrap();
-        assert_eq!(p.url, "http://f.example/shipments");
+        assert_eq!(p.url.as_str(), "http://f.example/shipments");
         assert_eq!(p.body, br#"{"order_id":5,"event_id":"evt"}"#);
         let p = prepare(
             &row(
@@ -344,7 +358,7 @@ mod tests {
             &endpoints,
         )
         .unwrap();
-        assert_eq!(p.url, "http://e.example/v1/emails");
+        assert_eq!(p.url.as_str(), "http://e.example/v1/emails");
         assert!(matches!(
             prepare(&row("teleport", serde_json::json!({"v": 1})), &endpoints),
             Err(Dispatch::Dead { .. })

@@ -11,14 +11,14 @@ use std::sync::atomic::AtomicU64;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DispatchLabels {
-    pub kind: String,
+    pub kind: &'static str,
     /// done | retry | dead
     pub outcome: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabel {
-    pub kind: String,
+    pub kind: &'static str,
 }
 
 #[derive(Clone)]
@@ -83,17 +83,15 @@ impl RelayMetrics {
         metrics
     }
 
+    /// `kind` is the row's `kind` column; one this release does not know
+    /// is counted as `unknown`.
     pub fn dispatched(&self, kind: &str, outcome: &'static str, seconds: f64) {
+        let kind = domain::CommandKind::parse(kind).map_or("unknown", |k| k.as_str());
         self.dispatches
-            .get_or_create(&DispatchLabels {
-                kind: kind.to_owned(),
-                outcome,
-            })
+            .get_or_create(&DispatchLabels { kind, outcome })
             .inc();
         self.dispatch_duration
-            .get_or_create(&KindLabel {
-                kind: kind.to_owned(),
-            })
+            .get_or_create(&KindLabel { kind })
             .observe(seconds);
     }
 

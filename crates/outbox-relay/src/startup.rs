@@ -41,6 +41,12 @@ impl Application {
             application_name: "outbox-relay",
             statement_timeout: Some(Duration::from_secs(30)),
             abort_when_client_leaves: false,
+            // What the relay writes (leases, outcomes, schedules) may be lost
+            // in a server crash without harm: a lost lease or a lost `done`
+            // only means the row is sent again with the same idempotency key,
+            // which the downstream absorbs. Not waiting for the WAL flush is
+            // what lets one relay keep up with a queue peer (make bench).
+            asynchronous_commit: true,
             pool_size: pool_size as usize,
             pool_wait: Duration::from_secs(5),
         });

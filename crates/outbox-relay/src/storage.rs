@@ -1,10 +1,15 @@
 //! All of the relay's SQL.
 //!
 //! A row's life: `pending` (due when `available_at <= now()`) -> claimed (still
-//! `pending`, `lease_owner` set, `available_at` pushed to the lease's expiry, so
-//! it is not due for anyone else) -> `done`, back to `pending` later (retry), or
-//! `dead`. Claims and completions are single statements, each its own short
-//! transaction; no transaction is open while a downstream call is.
+//! `pending`, with `lease_owner` and `leased_until` set, so it is not due for
+//! anyone else until the lease expires) -> `done`, back to `pending` later
+//! (retry), or `dead`. Claims and completions are single statements, each its
+//! own short transaction; no transaction is open while a downstream call is.
+//!
+//! The lease columns are not indexed, so taking a lease is a HOT update: no
+//! index entry is written, and the due index does not churn. Leased rows stay
+//! in the due index and are skipped by the claim; there are never more of
+//! them than the calls in flight.
 //!
 //! Completion is fenced on the lease: a relay records an outcome only for rows
 //! it still holds. A relay that stalled past its lease finds its rows taken by
@@ -17,7 +22,8 @@ use tokio_postgres::GenericClient;
 /// The channel the ingest notifies in its transaction.
 pub const NOTIFY_CHANNEL: &str = "outbox_pending";
 
-/// Due rows, as the KEDA autoscaler counts them too (`deploy/` uses this file).
+/// Due rows (pending, due, not leased), as the KEDA autoscaler counts them
+/// too: `deploy/` uses this file, and `deploy-check` holds them equal.
 pub const COUNT_DUE: &str = include_str!("../sql/count_due.sql");
 
 /// Due, unleased, pending rows in due order (id order among rows due at the same
@@ -28,13 +34,14 @@ const CLAIM: &str = "
 WITH due AS (
     SELECT id FROM outbox
      WHERE status = 'pending' AND available_at <= now()
+       AND (leased_until IS NULL OR leased_until <= now())
      ORDER BY available_at, id
      LIMIT $1
        FOR UPDATE SKIP LOCKED
 )
 UPDATE outbox AS o
    SET lease_owner = $2,
-       available_at = now() + $3::int8 * interval '1 millisecond',
+       leased_until = now() + $3::int8 * interval '1 millisecond',
        attempts = o.attempts + 1
   FROM due
  WHERE o.id = due.id
@@ -48,10 +55,10 @@ UPDATE outbox AS o
        finished_at = CASE WHEN v.outcome IN ('done', 'dead') THEN now() END,
        available_at = CASE v.outcome
                         WHEN 'retry' THEN now() + v.delay_ms * interval '1 millisecond'
-                        WHEN 'release' THEN now()
                         ELSE o.available_at END,
        attempts = o.attempts - CASE WHEN v.outcome = 'release' THEN 1 ELSE 0 END,
        lease_owner = NULL,
+       leased_until = NULL,
        last_error = CASE v.outcome WHEN 'done' THEN NULL WHEN 'release' THEN o.last_error ELSE v.error END
   FROM unnest($1::int8[], $2::text[], $3::int8[], $4::text[]) AS v(id, outcome, delay_ms, error)
  WHERE o.id = v.id AND o.lease_owner = $5 AND o.status = 'pending'
@@ -185,7 +192,7 @@ pub async fn backlog(client: &impl GenericClient) -> Result<Backlog, tokio_postg
             "SELECT count(*),
                     coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8,
                     (SELECT count(*) FROM outbox WHERE status = 'dead'),
-                    count(*) FILTER (WHERE available_at <= now())
+                    count(*) FILTER (WHERE available_at <= now() AND (leased_until IS NULL OR leased_until <= now()))
                FROM outbox WHERE status = 'pending'",
             &[],
         )
@@ -243,7 +250,7 @@ pub async fn requeue_dead(
         .query(
             "WITH requeued AS (
                  UPDATE outbox SET status = 'pending', available_at = now(), attempts = 0,
-                                   lease_owner = NULL, finished_at = NULL
+                                   lease_owner = NULL, leased_until = NULL, finished_at = NULL
                   WHERE status = 'dead' AND ($1::int8 IS NULL OR id = $1)
                  RETURNING id)
              SELECT count(*), (SELECT count(pg_notify('outbox_pending', '')) FROM (SELECT 1 FROM requeued LIMIT 1) n)

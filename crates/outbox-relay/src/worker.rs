@@ -91,10 +91,8 @@ impl Relay {
         Ok(Self {
             pool,
             http,
-            endpoints: Endpoints {
-                fulfilment: config.fulfilment_url.clone(),
-                email: config.email_url.clone(),
-            },
+            endpoints: Endpoints::new(&config.fulfilment_url, &config.email_url)
+                .map_err(anyhow::Error::msg)?,
             policy: RetryPolicy {
                 max_attempts: config.max_attempts,
                 base: config.backoff_base,

@@ -40,6 +40,8 @@ impl Application {
             // The server-side backstop of the deadline.
             statement_timeout: Some(deadline),
             abort_when_client_leaves: true,
+            // The 200 promises the provider the event is recorded: durable commits.
+            asynchronous_commit: false,
             pool_size: settings.database_pool_size as usize,
             pool_wait: deadline,
         });

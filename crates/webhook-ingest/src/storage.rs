@@ -55,13 +55,13 @@ WITH ord AS (
     RETURNING orders.id
 ), cancelled AS (
     -- Only rows no relay holds: an expired lease counts as not held.
-    UPDATE outbox SET status = 'cancelled', finished_at = now(), lease_owner = NULL,
+    UPDATE outbox SET status = 'cancelled', finished_at = now(), lease_owner = NULL, leased_until = NULL,
                       last_error = 'cancelled by ' || $1
     FROM act
     WHERE ($7::bool[])[act.s]
       AND outbox.idempotency_key = $13 || '-' || act.order_id
       AND outbox.status = 'pending'
-      AND (outbox.lease_owner IS NULL OR outbox.available_at <= now())
+      AND (outbox.leased_until IS NULL OR outbox.leased_until <= now())
     RETURNING outbox.id
 ), enqueued AS (
     INSERT INTO outbox (kind, payload, idempotency_key, event_id, order_id, trace_context)

@@ -72,6 +72,7 @@ impl Env {
             application_name: "outbox-relay-test",
             statement_timeout: None,
             abort_when_client_leaves: false,
+            asynchronous_commit: true,
             pool_size: 4,
             pool_wait: Duration::from_secs(5),
         });

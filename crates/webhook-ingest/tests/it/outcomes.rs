@@ -140,7 +140,7 @@ async fn a_refund_leaves_a_shipment_a_relay_holds_or_has_sent() {
     // Order 1's shipment is leased by a relay right now; order 2's was sent.
     app.client
         .batch_execute(
-            "UPDATE outbox SET lease_owner = 'relay-a', available_at = now() + interval '1 minute'
+            "UPDATE outbox SET lease_owner = 'relay-a', leased_until = now() + interval '1 minute'
               WHERE idempotency_key = 'ship-1';
              UPDATE outbox SET status = 'done', finished_at = now() WHERE idempotency_key = 'ship-2';",
         )
