@@ -1,18 +1,23 @@
 //! Simulated neighbours of the product, for tests, `make run` and `make bench`.
 //!
-//! Today: the downstream fulfilment and email APIs the relay calls, with
-//! Stripe-like idempotency keys, injected faults and stats that count
-//! effects, so a test can assert "exactly one shipment per order". Later: the
-//! payment provider that sends webhooks.
+//! - The downstream fulfilment and email APIs the relay calls, with
+//!   Stripe-like idempotency keys, injected faults and stats that count
+//!   effects, so a test can assert "exactly one shipment per order".
+//! - The payment provider that signs and delivers webhooks at least once
+//!   (retries, duplicates, concurrent bursts), which doubles as the load
+//!   generator.
 //!
 //! Tests start a downstream in process with [`downstream::spawn`]; scripts run
 //! `simulator downstream`, which prints `{"listening":"ADDR"}` and serves the
-//! same thing.
+//! same thing. Tests and benches run the provider in process with
+//! [`provider::run`]; scripts run `simulator provider`.
 //!
 //! # Layout
-//! - [`cli`]: the command line (`simulator downstream ...`).
+//! - [`cli`]: the command line (`simulator downstream ...`, `simulator provider ...`).
 //! - [`downstream`]: the server, its idempotency and faults, `/stats`.
+//! - [`provider`]: events, signed deliveries and retries, the load loops, the summary.
 #![forbid(unsafe_code)]
 
 pub mod cli;
 pub mod downstream;
+pub mod provider;

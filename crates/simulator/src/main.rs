@@ -1,10 +1,17 @@
 //! `simulator downstream`: the simulated fulfilment and email APIs.
+//! `simulator provider`: the simulated payment provider and load generator.
 //!
 //! # Layout
 //! Parses the command line (exit 2 with one line naming the variable on any
-//! error), sends logs to stderr, starts the library's server, prints
-//! `{"listening":"ADDR"}` as the only line on stdout (scripts wait for it and
-//! read the port from it), and serves until SIGTERM or Ctrl-C.
+//! error), then runs the subcommand:
+//! - `downstream` sends logs to stderr, starts the library's server, prints
+//!   `{"listening":"ADDR"}` as the only line on stdout (scripts wait for it
+//!   and read the port from it), and serves until SIGTERM or Ctrl-C.
+//! - `provider` runs the library's provider on a runtime of `--threads`
+//!   threads, prints progress and the summary table on stderr and, with
+//!   `--json`, the summary as the only line on stdout; exits 0 if every
+//!   event was acknowledged (or refused for good, with `--allow-failures`),
+//!   1 otherwise. SIGTERM or Ctrl-C stops it early, with a summary.
 #![forbid(unsafe_code)]
 
 use std::io::Write as _;
@@ -13,19 +20,28 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use service::{LogFormat, config_error};
-use simulator::cli::{Cli, Command};
-use simulator::downstream;
+use simulator::cli::{Cli, Command, DownstreamArgs, ProviderArgs};
+use simulator::downstream::{self, DownstreamConfig};
+use simulator::provider;
 
 const PROGRAM: &str = "simulator";
 
 fn main() -> ExitCode {
     let cli: Cli = service::parse_or_exit(PROGRAM);
+    match cli.command {
+        Command::Downstream(args) => serve_downstream(args),
+        Command::Provider(args) => provide(args),
+    }
+}
+
+fn serve_downstream(args: DownstreamArgs) -> ExitCode {
+    let config = args.config().unwrap_or_else(|e| config_error(PROGRAM, &e));
     // The server has its own worker threads; this runtime only waits.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("building the tokio runtime");
-    match runtime.block_on(run(cli)) {
+    match runtime.block_on(run_downstream(args, config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("{PROGRAM}: error: {e:#}");
@@ -34,29 +50,70 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(cli: Cli) -> anyhow::Result<()> {
-    match cli.command {
-        Command::Downstream(args) => {
-            let config = args.config().unwrap_or_else(|e| config_error(PROGRAM, &e));
-            init_logs(args.log_format);
-            let running = downstream::spawn(config)
-                .await
-                .with_context(|| format!("listening on {}", args.listen))?;
-            // Signal handlers first, so a SIGTERM right after the line is not lost.
-            let shutdown = service::shutdown::on_signal();
-            announce(running.addr())?;
-            tracing::info!(
-                addr = %running.addr(),
-                workers = args.workers,
-                idempotency = !args.no_idempotency,
-                faults = %serde_json::to_string(&running.faults())?,
-                "downstream serving"
-            );
-            running.run_until(shutdown.cancelled()).await?;
-            tracing::info!("downstream stopped");
-            Ok(())
-        }
+async fn run_downstream(args: DownstreamArgs, config: DownstreamConfig) -> anyhow::Result<()> {
+    init_logs(args.log_format);
+    let running = downstream::spawn(config)
+        .await
+        .with_context(|| format!("listening on {}", args.listen))?;
+    // Signal handlers first, so a SIGTERM right after the line is not lost.
+    let shutdown = service::shutdown::on_signal();
+    announce(running.addr())?;
+    tracing::info!(
+        addr = %running.addr(),
+        workers = args.workers,
+        idempotency = !args.no_idempotency,
+        faults = %serde_json::to_string(&running.faults())?,
+        "downstream serving"
+    );
+    running.run_until(shutdown.cancelled()).await?;
+    tracing::info!("downstream stopped");
+    Ok(())
+}
+
+fn provide(args: ProviderArgs) -> ExitCode {
+    let config = args.config().unwrap_or_else(|e| config_error(PROGRAM, &e));
+    // One thread by default: no cross-thread wake-ups, and the generator
+    // leaves the rest of the machine to the ingest and Postgres it loads.
+    let runtime = match args.threads {
+        1 => tokio::runtime::Builder::new_current_thread().enable_all().build(),
+        n => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(usize::from(n))
+            .enable_all()
+            .build(),
     }
+    .expect("building the tokio runtime");
+    let ran = runtime.block_on(async {
+        let stop = service::shutdown::on_signal();
+        provider::run_until(config, !args.no_progress, stop).await
+    });
+    let summary = match ran {
+        Ok(report) => report.summary,
+        Err(e) => {
+            eprintln!("{PROGRAM}: error: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    eprintln!("{summary}");
+    if args.json
+        && let Err(e) = print_json(&summary)
+    {
+        eprintln!("{PROGRAM}: error: printing the summary: {e:#}");
+        return ExitCode::FAILURE;
+    }
+    if summary.success(args.allow_failures) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// The summary as the one line on stdout.
+fn print_json(summary: &provider::Summary) -> anyhow::Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    serde_json::to_writer(&mut stdout, summary)?;
+    writeln!(stdout)?;
+    stdout.flush()?;
+    Ok(())
 }
 
 /// The one line on stdout.

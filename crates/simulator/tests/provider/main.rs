@@ -1,0 +1,10 @@
+//! The simulated provider over real HTTP on loopback, against a fake ingest
+//! that verifies signatures and deduplicates as the real one does: in
+//! process through the library, and the binary as scripts run it.
+
+mod binary;
+mod delivery;
+mod fake;
+mod helpers;
+mod load;
+mod throughput;
