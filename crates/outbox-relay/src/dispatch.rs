@@ -17,6 +17,8 @@ use std::time::{Duration, SystemTime};
 use domain::{Command, CommandKind, Endpoint};
 use rand::Rng as _;
 use reqwest::StatusCode;
+use tracing::Instrument as _;
+use tracing::field::Empty;
 
 use crate::storage::{ClaimedRow, Completion};
 
@@ -100,22 +102,59 @@ pub fn prepare(row: &ClaimedRow, endpoints: &Endpoints) -> Result<Prepared, Disp
     })
 }
 
-/// Sends it. `traceparent` joins the call to the event's trace.
-pub async fn call(http: &reqwest::Client, prepared: &Prepared, key: &str, traceparent: &str) -> Dispatch {
+/// Sends it, in an HTTP client span (semantic conventions) whose context the
+/// request carries as `traceparent`. `parent` is the row's stored context,
+/// used only when no tracing layer is installed.
+pub async fn call(http: &reqwest::Client, prepared: &Prepared, key: &str, parent: Option<&str>) -> Dispatch {
+    let url = &prepared.url;
+    let span = tracing::info_span!(
+        "POST",
+        otel.kind = "client",
+        otel.status_code = Empty,
+        http.request.method = "POST",
+        url.full = %url,
+        server.address = url.host_str().unwrap_or_default(),
+        server.port = url.port_or_known_default().unwrap_or_default(),
+        http.response.status_code = Empty,
+        error.type = Empty,
+    );
+    let traceparent = service::traces::traceparent_for(&span, parent);
     let result = http
-        .post(prepared.url.clone())
+        .post(url.clone())
         .header("Idempotency-Key", key)
         .header("Content-Type", "application/json")
         .header("traceparent", traceparent)
         .body(prepared.body.clone())
         .send()
+        .instrument(span.clone())
         .await;
     match result {
-        Ok(response) => classify(response).await,
-        Err(e) => Dispatch::Retry {
-            after: None,
-            error: describe_transport_error(&e),
-        },
+        Ok(response) => {
+            let status = response.status();
+            span.record("http.response.status_code", status.as_u16());
+            if !status.is_success() {
+                span.record("otel.status_code", "ERROR");
+                span.record("error.type", status.as_u16().to_string());
+            }
+            classify(response).await
+        }
+        Err(e) => {
+            span.record("otel.status_code", "ERROR");
+            span.record(
+                "error.type",
+                if e.is_timeout() {
+                    "timeout"
+                } else if e.is_connect() {
+                    "connect"
+                } else {
+                    "transport"
+                },
+            );
+            Dispatch::Retry {
+                after: None,
+                error: describe_transport_error(&e),
+            }
+        }
     }
 }
 

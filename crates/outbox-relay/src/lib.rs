@@ -9,7 +9,6 @@
 //! - [`dispatch`]: one call and its classification; the retry policy.
 //! - [`listener`]: `LISTEN outbox_pending`, re-established when it drops.
 //! - [`storage`]: all SQL: claim, fenced completion, dead rows, stats, prune.
-//! - [`trace`]: the `traceparent` each call carries.
 //! - [`metrics`]: the Prometheus metrics.
 //! - [`ops`]: the operator's commands.
 #![forbid(unsafe_code)]
@@ -21,5 +20,4 @@ pub mod metrics;
 pub mod ops;
 pub mod startup;
 pub mod storage;
-pub mod trace;
 pub mod worker;

@@ -25,12 +25,14 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
+use tracing::field::Empty;
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use crate::config::RelayConfig;
-use crate::dispatch::{self, Dispatch, Endpoints, RetryPolicy};
+use crate::dispatch::{self, Endpoints, RetryPolicy};
 use crate::metrics::RelayMetrics;
 use crate::storage::{self, ClaimedRow, Completion};
-use crate::trace;
 
 /// What one cycle did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,23 +143,61 @@ impl Relay {
         Ok(rows)
     }
 
-    /// One call for one row, and the completion to record.
+    /// One call for one row, and the completion to record, in an
+    /// `outbox.dispatch` span continuing the event's trace (stored on the row
+    /// by the ingest), so every attempt, hours apart or not, joins it.
     async fn deliver(&self, row: ClaimedRow) -> Finished {
+        let span = tracing::info_span!(
+            "outbox.dispatch",
+            otel.kind = "consumer",
+            otel.status_code = Empty,
+            webhook.event_id = %row.event_id,
+            outbox.id = row.id,
+            outbox.kind = %row.kind,
+            outbox.attempt = row.attempt,
+            idempotency_key = %row.idempotency_key,
+            outbox.outcome = Empty,
+        );
+        let _ = span.set_parent(service::traces::context_from_traceparent(
+            row.trace_context.as_deref(),
+        ));
+        self.deliver_in_span(row).instrument(span).await
+    }
+
+    async fn deliver_in_span(&self, row: ClaimedRow) -> Finished {
         let started = Instant::now();
         let dispatch = match dispatch::prepare(&row, &self.endpoints) {
             Ok(prepared) => {
-                let traceparent = trace::child_traceparent(row.trace_context.as_deref());
-                dispatch::call(&self.http, &prepared, &row.idempotency_key, &traceparent).await
+                dispatch::call(
+                    &self.http,
+                    &prepared,
+                    &row.idempotency_key,
+                    row.trace_context.as_deref(),
+                )
+                .await
             }
             Err(dispatch) => dispatch,
         };
-        if let Dispatch::Dead { reason } = &dispatch {
-            tracing::warn!(outbox_id = row.id, event_id = %row.event_id, kind = %row.kind, reason, "row is dead");
-        }
+        let completion = self.policy.complete(row.attempt, dispatch);
+        let span = tracing::Span::current();
+        match &completion {
+            Completion::Done => span.record("outbox.outcome", "done"),
+            Completion::Retry { error, .. } => {
+                span.record("otel.status_code", "ERROR");
+                tracing::info!(error, "call failed; will retry");
+                span.record("outbox.outcome", "retry")
+            }
+            Completion::Dead { error } => {
+                span.record("otel.status_code", "ERROR");
+                tracing::warn!(error, "row is dead");
+                span.record("outbox.outcome", "dead")
+            }
+            Completion::Release => span.record("outbox.outcome", "release"),
+        };
         Finished {
             row_id: row.id,
             kind: row.kind,
-            completion: self.policy.complete(row.attempt, dispatch),
+            completion,
             seconds: started.elapsed().as_secs_f64(),
         }
     }

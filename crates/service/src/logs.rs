@@ -146,6 +146,7 @@ where
         }
         if let Some(scope) = ctx.event_scope(event) {
             // Root first, so inner spans override outer ones.
+            let mut innermost = None;
             for span in scope.from_root() {
                 let ext = span.extensions();
                 if let Some(lifted) = ext.get::<Lifted>() {
@@ -153,6 +154,11 @@ where
                         line.insert((*key).to_owned(), value.clone());
                     }
                 }
+                innermost = Some(span.id());
+            }
+            if let Some((trace_id, span_id)) = innermost.and_then(|id| trace_ids(&id)) {
+                line.insert("trace_id".into(), trace_id.into());
+                line.insert("span_id".into(), span_id.into());
             }
         }
         for (k, v) in fields.0 {
@@ -165,7 +171,21 @@ where
     }
 }
 
-/// Installs the global subscriber: the filter and the chosen format.
+/// The OpenTelemetry trace and span id of a span, when the tracing layer is
+/// installed and the span has a valid context.
+fn trace_ids(id: &tracing::span::Id) -> Option<(String, String)> {
+    use opentelemetry::trace::TraceContextExt as _;
+    tracing::dispatcher::get_default(|dispatch| {
+        let cx = tracing_opentelemetry::get_otel_context(id, dispatch)?;
+        let span = cx.span();
+        let sc = span.span_context();
+        sc.is_valid()
+            .then(|| (sc.trace_id().to_string(), sc.span_id().to_string()))
+    })
+}
+
+/// Installs a global subscriber with logs only (no traces): for tests and
+/// tools. The services use [`crate::traces::init`].
 pub fn init(format: LogFormat) {
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;

@@ -12,6 +12,9 @@ use bytes::BytesMut;
 use domain::{Outcome, ProviderEvent};
 use futures_util::StreamExt as _;
 use tokio::time::timeout_at;
+use tracing::Instrument as _;
+use tracing::field::Empty;
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use crate::error::{IngestError, MAX_BODY_BYTES};
 use crate::metrics::IngestMetrics;
@@ -27,38 +30,71 @@ pub struct AppState {
     pub metrics: IngestMetrics,
 }
 
-/// The handler: outcome, metrics and logging around [`process`].
+/// The handler: the server span, outcome, metrics and logging around [`process`].
 pub async fn receive(req: HttpRequest, body: web::Payload, state: web::Data<AppState>) -> HttpResponse {
     let started = Instant::now();
     let deadline = tokio::time::Instant::from_std(started) + state.deadline;
-    let (response, outcome) = match process(&req, body, &state, deadline).await {
-        Ok(recorded) => {
-            let outcome = if recorded.claimed {
-                outcome_of(&recorded)
-            } else {
-                "duplicate"
-            };
-            tracing::info!(
-                outcome,
-                enqueued = recorded.enqueued,
-                cancelled = recorded.cancelled,
-                "webhook accepted"
-            );
-            (accepted(recorded), outcome)
-        }
-        Err(err) => {
-            match &err {
-                IngestError::Unexpected(e) => tracing::error!(error = format!("{e:#}"), "webhook failed"),
-                IngestError::Unavailable(_) | IngestError::Deadline => {
-                    tracing::warn!(error = %err, "webhook not processed, provider told to retry")
-                }
-                _ => tracing::info!(error = %err, "webhook rejected"),
+    // HTTP server span (OpenTelemetry semantic conventions), continuing the
+    // provider's trace when it sends one.
+    let incoming = req.headers().get("traceparent").and_then(|v| v.to_str().ok());
+    let span = tracing::info_span!(
+        "POST /webhooks/payments",
+        otel.kind = "server",
+        otel.status_code = Empty,
+        http.request.method = "POST",
+        http.route = crate::startup::WEBHOOK_PATH,
+        url.path = crate::startup::WEBHOOK_PATH,
+        url.scheme = "http",
+        http.response.status_code = Empty,
+        error.type = Empty,
+        webhook.event_id = Empty,
+        webhook.event_type = Empty,
+        webhook.outcome = Empty,
+    );
+    if incoming.is_some() {
+        let _ = span.set_parent(service::traces::context_from_traceparent(incoming));
+    }
+    let trace_context = service::traces::traceparent_for(&span, incoming);
+    async move {
+        let (response, outcome) = match process(&req, body, &state, deadline, &trace_context).await {
+            Ok(recorded) => {
+                let outcome = if recorded.claimed {
+                    outcome_of(&recorded)
+                } else {
+                    "duplicate"
+                };
+                tracing::info!(
+                    outcome,
+                    enqueued = recorded.enqueued,
+                    cancelled = recorded.cancelled,
+                    "webhook accepted"
+                );
+                (accepted(recorded), outcome)
             }
-            (err.response(), err.outcome())
+            Err(err) => {
+                match &err {
+                    IngestError::Unexpected(e) => tracing::error!(error = format!("{e:#}"), "webhook failed"),
+                    IngestError::Unavailable(_) | IngestError::Deadline => {
+                        tracing::warn!(error = %err, "webhook not processed, provider told to retry")
+                    }
+                    _ => tracing::info!(error = %err, "webhook rejected"),
+                }
+                (err.response(), err.outcome())
+            }
+        };
+        let span = tracing::Span::current();
+        let status = response.status().as_u16();
+        span.record("http.response.status_code", status);
+        span.record("webhook.outcome", outcome);
+        if status >= 500 {
+            span.record("otel.status_code", "ERROR");
+            span.record("error.type", status.to_string());
         }
-    };
-    state.metrics.observe(outcome, started.elapsed().as_secs_f64());
-    response
+        state.metrics.observe(outcome, started.elapsed().as_secs_f64());
+        response
+    }
+    .instrument(span)
+    .await
 }
 
 fn accepted(recorded: Recorded) -> HttpResponse {
@@ -80,6 +116,7 @@ async fn process(
     body: web::Payload,
     state: &AppState,
     deadline: tokio::time::Instant,
+    trace_context: &str,
 ) -> Result<Recorded, IngestError> {
     let body = timeout_at(deadline, read_body(req, body))
         .await
@@ -88,19 +125,38 @@ async fn process(
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64);
-    state
-        .verifier
-        .verify(|name| req.headers().get(name).map(|v| v.as_bytes()), &body, now)?;
+    tracing::info_span!("webhook.verify", scheme = state.verifier.scheme().as_str()).in_scope(|| {
+        state
+            .verifier
+            .verify(|name| req.headers().get(name).map(|v| v.as_bytes()), &body, now)
+    })?;
 
     let event = ProviderEvent::parse(&body)?;
-    tracing::Span::current().record("webhook.event_id", event.id.as_str());
+    let span = tracing::Span::current();
+    span.record("webhook.event_id", event.id.as_str());
+    span.record("webhook.event_type", event.event_type.as_str());
     let raw = std::str::from_utf8(&body).map_err(|e| IngestError::BodyRead(e.to_string()))?;
 
     let client = timeout_at(deadline, state.pool.get())
         .await
         .map_err(|_| IngestError::Deadline)?
         .map_err(|e| IngestError::Unavailable(e.to_string()))?;
-    match timeout_at(deadline, storage::record_event(&client, &event, raw, None)).await {
+    // Database client span (semantic conventions): the one statement.
+    let db_span = tracing::info_span!(
+        "record_event",
+        otel.kind = "client",
+        otel.status_code = Empty,
+        db.system.name = "postgresql",
+        db.operation.name = "record_event",
+        db.query.summary = "record_event processed_events orders outbox",
+    );
+    let recording =
+        storage::record_event(&client, &event, raw, Some(trace_context)).instrument(db_span.clone());
+    let result = timeout_at(deadline, recording).await;
+    if !matches!(result, Ok(Ok(_))) {
+        db_span.record("otel.status_code", "ERROR");
+    }
+    match result {
         Ok(Ok(recorded)) => Ok(recorded),
         Ok(Err(e)) if is_retryable(&e) => Err(IngestError::Unavailable(e.to_string())),
         Ok(Err(e)) => Err(anyhow::Error::new(e).context("recording the event").into()),

@@ -8,7 +8,7 @@
 use std::process::ExitCode;
 
 use service::config_error;
-use webhook_ingest::config::{Cli, Command, EventsCommand};
+use webhook_ingest::config::{Cli, Command, EventsCommand, Settings};
 use webhook_ingest::startup::Application;
 
 /// mimalloc: the hot paths allocate small, short-lived buffers per request;
@@ -20,12 +20,30 @@ const PROGRAM: &str = "webhook-ingest";
 
 fn main() -> ExitCode {
     let cli: Cli = service::parse_or_exit(PROGRAM);
+    let settings = cli.settings;
+    let database = settings.database().unwrap_or_else(|e| config_error(PROGRAM, &e));
+    let command = cli.command.unwrap_or(Command::Serve);
+    // Telemetry lives outside the runtime: its exporter is flushed after the
+    // runtime is gone, with a blocking client.
+    let telemetry = match command {
+        Command::Serve => {
+            let telemetry = service::traces::init(PROGRAM, settings.log_format)
+                .unwrap_or_else(|e| config_error(PROGRAM, &e));
+            Some(telemetry)
+        }
+        _ => None,
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("building the tokio runtime");
-    match runtime.block_on(run(cli)) {
+    let result = runtime.block_on(run(command, settings, database));
+    drop(runtime);
+    if let Some(telemetry) = telemetry {
+        telemetry.shutdown();
+    }
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("{PROGRAM}: error: {e:#}");
@@ -34,13 +52,10 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(cli: Cli) -> anyhow::Result<()> {
-    let settings = cli.settings;
-    let database = settings.database().unwrap_or_else(|e| config_error(PROGRAM, &e));
-    match cli.command.unwrap_or(Command::Serve) {
+async fn run(command: Command, settings: Settings, database: db::Database) -> anyhow::Result<()> {
+    match command {
         Command::Serve => {
             let verifier = settings.verifier().unwrap_or_else(|e| config_error(PROGRAM, &e));
-            service::logs::init(settings.log_format);
             let app = Application::build(&settings, &database, verifier)?;
             tracing::info!(
                 port = app.port(),

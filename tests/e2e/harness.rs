@@ -1,0 +1,479 @@
+//! The stack as a user runs it: `webhook-ingest` and `outbox-relay` as
+//! processes (their stdout captured), the simulated downstream, a fresh
+//! database, and optionally an OTLP/HTTP receiver that decodes what the
+//! services export.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use actix_web::{App, HttpResponse, HttpServer, web};
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use prost::Message as _;
+use simulator::downstream::{DownstreamConfig, RunningDownstream};
+use testkit::TestDb;
+
+pub const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+/// A real process with its stdout in a file, killed on drop.
+pub struct Proc {
+    pub child: Child,
+    pub stdout: PathBuf,
+    pub name: &'static str,
+}
+
+impl Proc {
+    pub fn spawn(name: &'static str, env: &[(String, String)], dir: &std::path::Path) -> Self {
+        let stdout = dir.join(format!("{name}-{}.log", testkit::free_port()));
+        let file = std::fs::File::create(&stdout).unwrap();
+        let mut cmd = Command::new(testkit::bin::path(name));
+        cmd.env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .stdout(Stdio::from(file))
+            .stderr(Stdio::inherit());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        Self {
+            child: cmd.spawn().unwrap_or_else(|e| panic!("spawning {name}: {e}")),
+            stdout,
+            name,
+        }
+    }
+
+    pub fn signal(&self, signal: &str) {
+        let ok = Command::new("kill")
+            .args([&format!("-{signal}"), &self.child.id().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -{signal} {}", self.name);
+    }
+
+    /// SIGTERM and wait for exit 0.
+    pub fn stop(&mut self, timeout: Duration) {
+        self.signal("TERM");
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                assert_eq!(status.code(), Some(0), "{} exit status", self.name);
+                return;
+            }
+            assert!(
+                started.elapsed() < timeout,
+                "{} did not stop within {timeout:?}",
+                self.name
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.stdout).unwrap_or_default()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.stdout);
+    }
+}
+
+/// One span as the receiver decoded it.
+#[derive(Debug, Clone)]
+pub struct ReceivedSpan {
+    pub service: String,
+    pub trace_id: String,
+    pub span_id: String,
+    pub parent_span_id: String,
+    pub name: String,
+    /// 1 internal, 2 server, 3 client, 4 producer, 5 consumer.
+    pub kind: i32,
+    pub attributes: HashMap<String, String>,
+}
+
+impl ReceivedSpan {
+    pub fn attr(&self, key: &str) -> Option<&str> {
+        self.attributes.get(key).map(String::as_str)
+    }
+}
+
+/// An OTLP/HTTP (protobuf) trace receiver on loopback.
+pub struct OtlpReceiver {
+    pub url: String,
+    pub spans: Arc<Mutex<Vec<ReceivedSpan>>>,
+    handle: actix_web::dev::ServerHandle,
+}
+
+impl OtlpReceiver {
+    pub async fn start() -> Self {
+        let spans: Arc<Mutex<Vec<ReceivedSpan>>> = Arc::default();
+        let store = web::Data::new(spans.clone());
+        let server = HttpServer::new(move || {
+            App::new()
+                .app_data(store.clone())
+                .app_data(web::PayloadConfig::new(64 * 1024 * 1024))
+                .route("/v1/traces", web::post().to(receive))
+        })
+        .workers(1)
+        .disable_signals()
+        .bind("127.0.0.1:0")
+        .unwrap();
+        let port = server.addrs()[0].port();
+        let server = server.run();
+        let handle = server.handle();
+        tokio::spawn(server);
+        Self {
+            url: format!("http://127.0.0.1:{port}"),
+            spans,
+            handle,
+        }
+    }
+
+    pub fn spans(&self) -> Vec<ReceivedSpan> {
+        self.spans.lock().unwrap().clone()
+    }
+}
+
+impl Drop for OtlpReceiver {
+    fn drop(&mut self) {
+        let handle = self.handle.clone();
+        tokio::spawn(async move { handle.stop(false).await });
+    }
+}
+
+async fn receive(body: web::Bytes, store: web::Data<Arc<Mutex<Vec<ReceivedSpan>>>>) -> HttpResponse {
+    let Ok(request) = ExportTraceServiceRequest::decode(body.as_ref()) else {
+        return HttpResponse::BadRequest().finish();
+    };
+    let mut spans = store.lock().unwrap();
+    for resource_spans in request.resource_spans {
+        let service = resource_spans
+            .resource
+            .as_ref()
+            .and_then(|r| r.attributes.iter().find(|a| a.key == "service.name"))
+            .map(|a| value_string(a.value.as_ref()))
+            .unwrap_or_default();
+        for scope in resource_spans.scope_spans {
+            for span in scope.spans {
+                spans.push(ReceivedSpan {
+                    service: service.clone(),
+                    trace_id: hex(&span.trace_id),
+                    span_id: hex(&span.span_id),
+                    parent_span_id: hex(&span.parent_span_id),
+                    name: span.name,
+                    kind: span.kind,
+                    attributes: span
+                        .attributes
+                        .iter()
+                        .map(|a| (a.key.clone(), value_string(a.value.as_ref())))
+                        .collect(),
+                });
+            }
+        }
+    }
+    HttpResponse::Ok().content_type("application/x-protobuf").finish()
+}
+
+fn value_string(value: Option<&opentelemetry_proto::tonic::common::v1::AnyValue>) -> String {
+    use opentelemetry_proto::tonic::common::v1::any_value::Value;
+    match value.and_then(|v| v.value.as_ref()) {
+        Some(Value::StringValue(s)) => s.clone(),
+        Some(Value::IntValue(i)) => i.to_string(),
+        Some(Value::BoolValue(b)) => b.to_string(),
+        Some(Value::DoubleValue(d)) => d.to_string(),
+        Some(other) => format!("{other:?}"),
+        None => String::new(),
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+pub struct Stack {
+    /// Kept for its lifetime: the database is dropped with the stack.
+    pub _db: TestDb,
+    pub client: tokio_postgres::Client,
+    pub downstream: RunningDownstream,
+    pub otlp: Option<OtlpReceiver>,
+    pub ingest: Proc,
+    pub relay: Proc,
+    pub ingest_url: String,
+    pub ingest_admin: String,
+    pub relay_admin: String,
+    pub http: reqwest::Client,
+    _dir: TempDir,
+}
+
+pub struct TempDir(pub PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[derive(Default)]
+pub struct StackOptions {
+    pub otlp: bool,
+    pub relay_env: Vec<(&'static str, String)>,
+    pub ingest_env: Vec<(&'static str, String)>,
+}
+
+impl Stack {
+    pub async fn start(options: StackOptions) -> Self {
+        let db = TestDb::new().await;
+        let client = db.client().await;
+        let downstream = simulator::downstream::spawn(DownstreamConfig::default())
+            .await
+            .unwrap();
+        let otlp = if options.otlp {
+            Some(OtlpReceiver::start().await)
+        } else {
+            None
+        };
+        let dir = std::env::temp_dir().join(format!("e2e-{}-{}", std::process::id(), testkit::free_port()));
+        std::fs::create_dir_all(&dir).unwrap();
+
+        let (ingest_port, ingest_admin_port, relay_admin_port) =
+            (testkit::free_port(), testkit::free_port(), testkit::free_port());
+        let mut common = vec![
+            ("DATABASE_URL".to_owned(), db.url.clone()),
+            ("LOG_FORMAT".to_owned(), "json".to_owned()),
+            ("RUST_LOG".to_owned(), "info".to_owned()),
+        ];
+        if let Some(otlp) = &otlp {
+            common.push(("OTEL_EXPORTER_OTLP_ENDPOINT".into(), otlp.url.clone()));
+            // Export promptly; shutdown flushes the rest.
+            common.push(("OTEL_BSP_SCHEDULE_DELAY".into(), "100".into()));
+        }
+        let mut ingest_env = common.clone();
+        ingest_env.extend([
+            ("WEBHOOK_SECRETS".to_owned(), SECRET.to_owned()),
+            (
+                "INGEST_LISTEN_ADDR".to_owned(),
+                format!("127.0.0.1:{ingest_port}"),
+            ),
+            (
+                "ADMIN_LISTEN_ADDR".to_owned(),
+                format!("127.0.0.1:{ingest_admin_port}"),
+            ),
+        ]);
+        ingest_env.extend(
+            options
+                .ingest_env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), v.clone())),
+        );
+        let mut relay_env = common;
+        relay_env.extend([
+            ("FULFILMENT_URL".to_owned(), downstream.url()),
+            ("EMAIL_URL".to_owned(), downstream.url()),
+            (
+                "ADMIN_LISTEN_ADDR".to_owned(),
+                format!("127.0.0.1:{relay_admin_port}"),
+            ),
+            ("RELAY_BACKOFF_BASE_MS".to_owned(), "50".to_owned()),
+            ("RELAY_POLL_INTERVAL_MS".to_owned(), "200".to_owned()),
+        ]);
+        relay_env.extend(
+            options
+                .relay_env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), v.clone())),
+        );
+
+        let ingest = Proc::spawn("webhook-ingest", &ingest_env, &dir);
+        let relay = Proc::spawn("outbox-relay", &relay_env, &dir);
+        let stack = Self {
+            _db: db,
+            client,
+            downstream,
+            otlp,
+            ingest,
+            relay,
+            ingest_url: format!("http://127.0.0.1:{ingest_port}"),
+            ingest_admin: format!("http://127.0.0.1:{ingest_admin_port}"),
+            relay_admin: format!("http://127.0.0.1:{relay_admin_port}"),
+            http: testkit::http(),
+            _dir: TempDir(dir),
+        };
+        stack.wait_ready(&stack.ingest_admin).await;
+        stack.wait_ready(&stack.relay_admin).await;
+        stack
+    }
+
+    async fn wait_ready(&self, admin: &str) {
+        let started = Instant::now();
+        loop {
+            if let Ok(r) = self.http.get(format!("{admin}/readyz")).send().await
+                && r.status() == 200
+            {
+                return;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "{admin} never became ready"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub async fn insert_order(&self, id: i64, payment_id: &str) {
+        self.client
+            .execute(
+                "INSERT INTO orders (id, payment_id, status) VALUES ($1, $2, 'pending')",
+                &[&id, &payment_id],
+            )
+            .await
+            .unwrap();
+    }
+
+    /// Posts `body` signed now, with extra headers.
+    pub async fn post(&self, body: &str, extra: &[(&str, &str)]) -> reqwest::Response {
+        self.post_signed_with(body, SECRET, extra).await
+    }
+
+    pub async fn post_signed_with(
+        &self,
+        body: &str,
+        secret: &str,
+        extra: &[(&str, &str)],
+    ) -> reqwest::Response {
+        let key = signature::Secret::parse(signature::Scheme::Standard, secret).unwrap();
+        let ts = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() as i64;
+        let msg_id = format!("msg_{ts}_{}", body.len());
+        let mut req = self
+            .http
+            .post(format!("{}/webhooks/payments", self.ingest_url))
+            .header("content-type", "application/json")
+            .header("webhook-id", &msg_id)
+            .header("webhook-timestamp", ts.to_string())
+            .header(
+                "webhook-signature",
+                signature::sign_standard(&key, &msg_id, ts, body.as_bytes()),
+            )
+            .body(body.to_owned());
+        for (k, v) in extra {
+            req = req.header(*k, *v);
+        }
+        req.send().await.unwrap()
+    }
+
+    pub async fn count(&self, sql: &str) -> i64 {
+        self.client.query_one(sql, &[]).await.unwrap().get::<_, i64>(0)
+    }
+
+    pub async fn wait_for(&self, sql: &str, target: i64, timeout: Duration) {
+        let started = Instant::now();
+        loop {
+            let n = self.count(sql).await;
+            if n == target {
+                return;
+            }
+            assert!(
+                started.elapsed() < timeout,
+                "{sql}: {n}, expected {target} within {timeout:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub async fn metrics(&self, admin: &str) -> Metrics {
+        let text = self
+            .http
+            .get(format!("{admin}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        Metrics::parse(&text)
+    }
+}
+
+pub fn event(id: &str, kind: &str, payment_id: &str) -> String {
+    format!(
+        r#"{{"id":"{id}","type":"{kind}","created":1700000000,"data":{{"payment_id":"{payment_id}","amount":4200,"currency":"gbp"}}}}"#
+    )
+}
+
+/// One sample: name, labels, value.
+pub type Sample = (String, Vec<(String, String)>, f64);
+
+/// Prometheus text, parsed: `name{labels}` -> value.
+#[derive(Debug)]
+pub struct Metrics {
+    pub samples: Vec<Sample>,
+}
+
+impl Metrics {
+    /// Parses the exposition format strictly enough that a malformed line fails the test.
+    pub fn parse(text: &str) -> Self {
+        let mut samples = Vec::new();
+        for line in text.lines() {
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let (series, value) = line
+                .rsplit_once(' ')
+                .unwrap_or_else(|| panic!("malformed line {line:?}"));
+            let value: f64 = match value {
+                "+Inf" => f64::INFINITY,
+                "-Inf" => f64::NEG_INFINITY,
+                v => v.parse().unwrap_or_else(|_| panic!("bad value in {line:?}")),
+            };
+            let (name, labels) = match series.split_once('{') {
+                Some((name, rest)) => {
+                    let rest = rest
+                        .strip_suffix('}')
+                        .unwrap_or_else(|| panic!("unclosed labels in {line:?}"));
+                    let labels = rest
+                        .split(',')
+                        .filter(|l| !l.is_empty())
+                        .map(|l| {
+                            let (k, v) = l
+                                .split_once('=')
+                                .unwrap_or_else(|| panic!("bad label in {line:?}"));
+                            (k.to_owned(), v.trim_matches('"').to_owned())
+                        })
+                        .collect();
+                    (name.to_owned(), labels)
+                }
+                None => (series.to_owned(), Vec::new()),
+            };
+            assert!(
+                name.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+                "bad metric name in {line:?}"
+            );
+            samples.push((name, labels, value));
+        }
+        Self { samples }
+    }
+
+    /// The value of `name` with exactly these labels (others absent), or 0.
+    pub fn get(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.samples
+            .iter()
+            .filter(|(n, l, _)| {
+                n == name
+                    && labels
+                        .iter()
+                        .all(|(k, v)| l.iter().any(|(lk, lv)| lk == k && lv == v))
+                    && l.iter().filter(|(k, _)| k != "le").count() == labels.len()
+            })
+            .map(|(_, _, v)| *v)
+            .sum()
+    }
+
+    pub fn has(&self, name: &str) -> bool {
+        self.samples.iter().any(|(n, _, _)| n == name)
+    }
+}

@@ -1,0 +1,4 @@
+//! End-to-end tests: the real binaries as processes.
+
+mod harness;
+mod observability;
