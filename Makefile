@@ -33,9 +33,11 @@ lint:
 fmt:
 	$(CARGO) fmt --all
 
-## Start Postgres (throwaway unless DATABASE_URL), migrate, and run the product.
+## The incident replayed end to end: Postgres (throwaway unless DATABASE_URL),
+## ingest, relay, simulated provider and downstream APIs, then the audit.
+## RUN_EVENTS, RUN_DUPLICATE_RATE, RUN_CARRIER_LATENCY_MS: see scripts/run.sh.
 run: release
-	scripts/with-db.sh scripts/run.sh
+	scripts/run.sh
 
 db-start:
 	@scripts/pg-cluster.sh start

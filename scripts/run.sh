@@ -1,15 +1,178 @@
 #!/usr/bin/env bash
-# `make run`: migrate, seed orders, and serve the ingest on loopback.
+# `make run`: the incident, replayed end to end on loopback.
+#
+# Starts Postgres (a throwaway cluster unless DATABASE_URL is set), migrates,
+# seeds orders, starts the simulated downstream APIs, webhook-ingest and
+# outbox-relay, then plays a payment provider sending a few thousand events:
+#   - spontaneous duplicate deliveries and concurrent duplicate bursts;
+#   - a degraded carrier: the fulfilment API slower than the provider's
+#     timeout (the incident's trigger), absorbed by the relay's retries;
+#   - a database stall that makes the ingest slower than the provider's
+#     timeout for a moment: the provider gives up and retries requests that
+#     had succeeded (the incident's mechanism), and gets the original answer;
+# and ends with the audit table, whose effect counts come from the downstream
+# simulator's own records. Double effects must read 0 (exit 1 otherwise).
+#
+# Settings (environment):
+#   RUN_EVENTS=3000              events the provider sends
+#   RUN_RATE=150                 events per second (open loop)
+#   RUN_DUPLICATE_RATE=0.1       share of events the provider delivers twice on its own
+#   RUN_CARRIER_LATENCY_MS=p50:1500,p99:4000   the degraded carrier's latency
+#   RUN_DEGRADED_SECS=10         how long the carrier stays degraded
+#   RUN_STALL_SECS=2             how long the database stalls (0: no stall)
+#   RUN_DIR=target/run           logs, acknowledgements and the audit (JSON)
+#   BIN_DIR=target/release       where the binaries are
+#   INGEST_LISTEN_ADDR, ADMIN_LISTEN_ADDR (ingest), RELAY_ADMIN_LISTEN_ADDR
 set -euo pipefail
 cd "$(dirname "$0")/.."
-: "${DATABASE_URL:?DATABASE_URL must be set (use: make run)}"
-bin=target/release
-export WEBHOOK_SECRETS=${WEBHOOK_SECRETS:-whsec_ZGV2LW9ubHktc2VjcmV0LWNoYW5nZS1tZQ==}
-export INGEST_LISTEN_ADDR=${INGEST_LISTEN_ADDR:-127.0.0.1:8080}
-export ADMIN_LISTEN_ADDR=${ADMIN_LISTEN_ADDR:-127.0.0.1:9090}
-export LOG_FORMAT=${LOG_FORMAT:-pretty}
+
+bin=${BIN_DIR:-target/release}
+events=${RUN_EVENTS:-3000}
+rate=${RUN_RATE:-150}
+dup=${RUN_DUPLICATE_RATE:-0.1}
+carrier=${RUN_CARRIER_LATENCY_MS:-p50:1500,p99:4000}
+degraded=${RUN_DEGRADED_SECS:-10}
+stall=${RUN_STALL_SECS:-2}
+dir=${RUN_DIR:-target/run}
+ingest_addr=${INGEST_LISTEN_ADDR:-127.0.0.1:8080}
+ingest_admin=${ADMIN_LISTEN_ADDR:-127.0.0.1:9090}
+relay_admin=${RELAY_ADMIN_LISTEN_ADDR:-127.0.0.1:9091}
+secret=${WEBHOOK_SECRETS:-whsec_ZGVtby1vbmx5LXNlY3JldC1kby1ub3QtdXNl}
+
+for b in webhook-ingest outbox-relay simulator; do
+  [ -x "$bin/$b" ] || { echo "run: $bin/$b is missing: run 'make release' (or set BIN_DIR)" >&2; exit 1; }
+done
+mkdir -p "$dir"
+rm -f "$dir"/*.log "$dir"/acks.jsonl "$dir"/audit.json "$dir"/provider.json
+
+say() { printf '\033[1m[run]\033[0m %s\n' "$*" >&2; }
+
+pids=()
+cleanup() {
+  trap - INT TERM EXIT
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+}
+trap 'say "interrupted: stopping everything"; cleanup; exit 130' INT TERM
+trap cleanup EXIT
+
+if [ -z "${DATABASE_URL:-}" ]; then
+  admin=$(scripts/pg-cluster.sh start)
+  psql "$admin" -qc "DROP DATABASE IF EXISTS webhook_demo WITH (FORCE)" -c "CREATE DATABASE webhook_demo"
+  DATABASE_URL=${admin%/postgres}/webhook_demo
+  say "Postgres: throwaway cluster, database webhook_demo ($(scripts/pg-cluster.sh url | sed 's|/postgres$||'))"
+fi
+export DATABASE_URL
 
 "$bin/webhook-ingest" migrate
-psql "$DATABASE_URL" -qc "INSERT INTO orders (id, payment_id) SELECT n, 'pay_' || n FROM generate_series(1, 1000) n ON CONFLICT DO NOTHING"
-echo "orders pay_1 .. pay_1000 seeded; serving on http://$INGEST_LISTEN_ADDR/webhooks/payments (Ctrl-C stops)"
-exec "$bin/webhook-ingest"
+psql "$DATABASE_URL" -qc "INSERT INTO orders (id, payment_id) SELECT n, 'pay_' || n FROM generate_series(1, $events) n ON CONFLICT DO NOTHING"
+say "seeded orders pay_1 .. pay_$events"
+
+"$bin/simulator" downstream --listen 127.0.0.1:0 >"$dir/downstream.out" 2>"$dir/downstream.log" &
+pids+=($!)
+for _ in $(seq 100); do [ -s "$dir/downstream.out" ] && break; sleep 0.05; done
+downstream=http://$(sed -n 's/.*"listening":"\([^"]*\)".*/\1/p' "$dir/downstream.out" | head -1)
+say "downstream APIs (fulfilment, email) on $downstream"
+
+WEBHOOK_SECRETS=$secret INGEST_LISTEN_ADDR=$ingest_addr ADMIN_LISTEN_ADDR=$ingest_admin \
+  "$bin/webhook-ingest" >"$dir/ingest.log" 2>&1 &
+pids+=($!)
+# A relay tuned for a demo: short timeouts and backoff, so retries show within the run.
+FULFILMENT_URL=$downstream EMAIL_URL=$downstream ADMIN_LISTEN_ADDR=$relay_admin \
+  RELAY_HTTP_TIMEOUT_MS=${RELAY_HTTP_TIMEOUT_MS:-2000} RELAY_LEASE_SECS=${RELAY_LEASE_SECS:-10} \
+  RELAY_BACKOFF_BASE_MS=${RELAY_BACKOFF_BASE_MS:-200} RELAY_BACKOFF_MAX_SECS=${RELAY_BACKOFF_MAX_SECS:-5} \
+  "$bin/outbox-relay" >"$dir/relay.log" 2>&1 &
+pids+=($!)
+
+ready() {
+  for _ in $(seq 200); do
+    curl -sf "http://$1/readyz" >/dev/null 2>&1 && return 0
+    sleep 0.05
+  done
+  say "$2 did not become ready; its log:"; tail -n 20 "$3" >&2; exit 1
+}
+ready "$ingest_admin" webhook-ingest "$dir/ingest.log"
+ready "$relay_admin" outbox-relay "$dir/relay.log"
+say "webhook-ingest on http://$ingest_addr, outbox-relay running (logs in $dir)"
+
+# The timeline, beside the provider's load.
+duration=$(awk -v e="$events" -v r="$rate" 'BEGIN { printf "%.1f", e / r }')
+degrade_at=$(awk -v d="$duration" 'BEGIN { printf "%.1f", d * 0.25 }')
+stall_at=$(awk -v d="$duration" 'BEGIN { printf "%.1f", d * 0.4 }')
+(
+  sleep "$degrade_at"
+  say "carrier degraded: latency $carrier, above the provider's 1 s timeout (the incident's trigger)"
+  curl -sf -X POST "$downstream/control/faults" -H 'content-type: application/json' \
+    -d "{\"latency_ms\": \"$carrier\"}" >/dev/null
+  sleep "$degraded"
+  curl -sf -X POST "$downstream/control/faults" -H 'content-type: application/json' -d '{}' >/dev/null
+  say "carrier recovered"
+) &
+pids+=($!)
+if [ "$stall" != 0 ]; then
+  (
+    sleep "$stall_at"
+    say "database stall for ${stall}s: the ingest answers later than the provider waits; the provider retries"
+    psql "$DATABASE_URL" -qc "BEGIN; LOCK TABLE orders IN EXCLUSIVE MODE; SELECT pg_sleep($stall); COMMIT;" >/dev/null
+    say "database back"
+  ) &
+  pids+=($!)
+fi
+
+say "provider: $events events at $rate/s, ${dup} duplicates, bursts, refunds, a 1 s timeout with retries"
+set +e
+"$bin/simulator" provider --target "http://$ingest_addr" --secret "$secret" \
+  --rate "$rate" --events "$events" --orders "$events" \
+  --duplicate-rate "$dup" --late-duplicate-rate 0.2 --late-delay-ms 1000 \
+  --burst-rate 0.02 --burst-size 5 --refund-rate 0.02 --unmatched-rate 0.01 --unknown-rate 0.01 \
+  --timeout-ms 1000 --give-up-after-ms 60000 \
+  --ack-file "$dir/acks.jsonl" --json >"$dir/provider.json"
+provider_status=$?
+set -e
+[ "$provider_status" = 0 ] || say "the provider did not get a 2xx for every event (exit $provider_status)"
+
+say "waiting for the relay to drain the outbox"
+for _ in $(seq 600); do
+  left=$(psql "$DATABASE_URL" -tAc "SELECT count(*) FROM outbox WHERE status = 'pending'")
+  [ "$left" = 0 ] && break
+  sleep 0.2
+done
+
+echo
+"$bin/outbox-relay" audit --since 1h --downstream-stats "$downstream"
+"$bin/outbox-relay" audit --since 1h --downstream-stats "$downstream" --json >"$dir/audit.json"
+echo
+
+python3 - "$dir/audit.json" "$dir/provider.json" <<'PY'
+import json, sys
+audit = json.load(open(sys.argv[1]))
+provider = json.load(open(sys.argv[2]))
+down = audit["downstream"]
+cmds = {}
+for kind, status, n in audit["commands"]:
+    cmds.setdefault(kind, {})[status] = n
+pending = sum(v.get("pending", 0) for v in cmds.values())
+dead = sum(v.get("dead", 0) for v in cmds.values())
+delivered = {k: v.get("done", 0) for k, v in cmds.items()}
+problems = []
+if down["double_effects"] != 0:
+    problems.append(f"{down['double_effects']} double effects at the downstream")
+if pending or dead:
+    problems.append(f"{pending} commands still pending, {dead} dead")
+if down["shipments"] != delivered.get("ship_order", 0):
+    problems.append(f"shipments at the downstream {down['shipments']} != ship commands delivered {delivered.get('ship_order', 0)}")
+emails = delivered.get("send_confirmation", 0) + delivered.get("send_refund_notice", 0)
+if down["emails"] != emails:
+    problems.append(f"emails at the downstream {down['emails']} != email commands delivered {emails}")
+if provider["acknowledged"] != provider["events"]:
+    problems.append(f"{provider['events'] - provider['acknowledged']} events never acknowledged")
+print(f"provider: {provider['events']} events, {provider['deliveries']} deliveries "
+      f"({provider['duplicate_deliveries']} duplicates, {provider['burst_deliveries']} in bursts, "
+      f"{provider['retries']} retries after {provider['timeouts']} timeouts), all acknowledged: "
+      f"{provider['acknowledged'] == provider['events']}")
+if problems:
+    print("RESULT: FAILED: " + "; ".join(problems))
+    sys.exit(1)
+print(f"RESULT: exactly once: {down['shipments']} shipments and {down['emails']} emails for "
+      f"{audit['distinct_events']} events and {audit['deliveries']} deliveries; double effects 0")
+PY

@@ -2,3 +2,4 @@
 
 mod harness;
 mod observability;
+mod run_demo;

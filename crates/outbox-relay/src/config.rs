@@ -38,6 +38,39 @@ pub enum Command {
     },
     /// Delete done and cancelled rows and processed events older than RETENTION_DAYS, in small batches.
     Prune,
+    /// After an incident: deliveries, duplicates, commands enqueued and
+    /// delivered by kind, and the downstream's own count of effects.
+    Audit {
+        /// The window: events processed and commands enqueued this recently (90s, 30m, 6h, 7d).
+        #[arg(long, default_value = "24h", value_parser = parse_duration)]
+        since: std::time::Duration,
+        /// Base URL of a downstream exposing GET /stats (the simulator), for
+        /// effects as the downstream counted them.
+        #[arg(long)]
+        downstream_stats: Option<String>,
+        /// One JSON object on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `90s`, `30m`, `6h`, `7d` (a bare number is seconds).
+pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    let text = text.trim();
+    let (number, unit) = text
+        .find(|c: char| !c.is_ascii_digit())
+        .map_or((text, "s"), |i| text.split_at(i));
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("`{text}`: expected a number and a unit (s, m, h, d)"))?;
+    let secs = match unit {
+        "s" => n,
+        "m" => n * 60,
+        "h" => n * 3600,
+        "d" => n * 86_400,
+        _ => return Err(format!("`{text}`: unknown unit `{unit}` (s, m, h, d)")),
+    };
+    Ok(std::time::Duration::from_secs(secs))
 }
 
 #[derive(Debug, Subcommand)]

@@ -79,5 +79,10 @@ async fn run(command: Command, settings: Settings, database: db::Database) -> an
         } => outbox_relay::ops::dead_requeue(&database, if all { None } else { id }).await,
         Command::Stats { json } => outbox_relay::ops::stats(&database, json).await,
         Command::Prune => outbox_relay::ops::prune(&database, settings.retention_days).await,
+        Command::Audit {
+            since,
+            downstream_stats,
+            json,
+        } => outbox_relay::ops::audit(&database, since, downstream_stats.as_deref(), json).await,
     }
 }

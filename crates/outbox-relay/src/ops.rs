@@ -135,3 +135,135 @@ mod tests {
         assert_eq!(super::human_age(-1.0), "0s");
     }
 }
+
+/// What the downstream itself counted (its `GET /stats`).
+#[derive(Debug, Clone, Default, serde::Serialize)]
+struct DownstreamEffects {
+    requests: u64,
+    effects: u64,
+    shipments: u64,
+    emails: u64,
+    double_effects: u64,
+}
+
+async fn downstream_effects(base: &str) -> anyhow::Result<DownstreamEffects> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let url = format!("{}/stats?keys=false", base.trim_end_matches('/'));
+    let stats: serde_json::Value = reqwest::Client::new()
+        .get(&url)
+        .timeout(std::time::Duration::from_secs(10))
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    let n = |v: &serde_json::Value| v.as_u64().unwrap_or(0);
+    Ok(DownstreamEffects {
+        requests: n(&stats["requests"]),
+        effects: n(&stats["effects"]),
+        shipments: n(&stats["by_path"]["/shipments"]["effects"]),
+        emails: n(&stats["by_path"]["/emails"]["effects"]),
+        double_effects: n(&stats["double_effects"]),
+    })
+}
+
+#[derive(serde::Serialize)]
+struct AuditReport {
+    #[serde(flatten)]
+    database: storage::Audit,
+    downstream: Option<DownstreamEffects>,
+}
+
+pub async fn audit(
+    database: &db::Database,
+    since: std::time::Duration,
+    downstream: Option<&str>,
+    json: bool,
+) -> anyhow::Result<()> {
+    let client = database.connect("outbox-relay-cli").await?;
+    let audit = storage::audit(&client, since).await?;
+    let downstream = match downstream {
+        Some(url) => Some(downstream_effects(url).await?),
+        None => None,
+    };
+    let report = AuditReport {
+        database: audit,
+        downstream,
+    };
+    let mut out = std::io::stdout().lock();
+    if json {
+        serde_json::to_writer(&mut out, &report)?;
+        out.write_all(b"\n")?;
+        return Ok(());
+    }
+    write_audit(&mut out, &report)?;
+    Ok(())
+}
+
+fn write_audit(out: &mut impl std::io::Write, report: &AuditReport) -> std::io::Result<()> {
+    let a = &report.database;
+    let share = |part: i64, whole: i64| {
+        if whole > 0 {
+            format!("{:.1}%", 100.0 * part as f64 / whole as f64)
+        } else {
+            "-".into()
+        }
+    };
+    writeln!(out, "Audit of the last {}", human_age(a.since_seconds as f64))?;
+    writeln!(out)?;
+    writeln!(out, "  deliveries received     {:>10}", a.deliveries)?;
+    writeln!(out, "  distinct event ids      {:>10}", a.distinct_events)?;
+    writeln!(
+        out,
+        "  duplicate deliveries    {:>10}  ({} of deliveries)",
+        a.duplicate_deliveries,
+        share(a.duplicate_deliveries, a.deliveries)
+    )?;
+    let statuses: Vec<String> = a
+        .events_by_status
+        .iter()
+        .map(|(s, n)| format!("{s} {n}"))
+        .collect();
+    writeln!(out, "  events by status        {}", statuses.join(", "))?;
+    writeln!(out)?;
+    writeln!(
+        out,
+        "  {:<20} {:>9} {:>10} {:>8} {:>6} {:>10}",
+        "command", "enqueued", "delivered", "pending", "dead", "cancelled"
+    )?;
+    let mut kinds: Vec<&str> = a.commands.iter().map(|(k, _, _)| k.as_str()).collect();
+    kinds.dedup();
+    for kind in kinds {
+        let count = |status: &str| {
+            a.commands
+                .iter()
+                .filter(|(k, s, _)| k == kind && (status.is_empty() || s == status))
+                .map(|(_, _, n)| n)
+                .sum::<i64>()
+        };
+        writeln!(
+            out,
+            "  {:<20} {:>9} {:>10} {:>8} {:>6} {:>10}",
+            kind,
+            count(""),
+            count("done"),
+            count("pending"),
+            count("dead"),
+            count("cancelled")
+        )?;
+    }
+    writeln!(
+        out,
+        "  commands enqueued twice for one order: {}",
+        a.double_enqueued
+    )?;
+    if let Some(d) = &report.downstream {
+        writeln!(out)?;
+        writeln!(out, "  at the downstream (its own records):")?;
+        writeln!(out, "    requests received     {:>10}", d.requests)?;
+        writeln!(out, "    shipments created     {:>10}", d.shipments)?;
+        writeln!(out, "    emails sent           {:>10}", d.emails)?;
+        writeln!(out, "    double effects        {:>10}", d.double_effects)?;
+    }
+    Ok(())
+}

@@ -350,3 +350,63 @@ async fn prune_locked(
     }
     Ok(pruned)
 }
+
+/// What `audit` reports from the database, over a window.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Audit {
+    pub since_seconds: u64,
+    /// Deliveries received for events first processed in the window.
+    pub deliveries: i64,
+    pub distinct_events: i64,
+    pub duplicate_deliveries: i64,
+    /// Events by recorded status (processed, refunded, unmatched, ...).
+    pub events_by_status: Vec<(String, i64)>,
+    /// Outbox rows created in the window, by kind and status.
+    pub commands: Vec<(String, String, i64)>,
+    /// (kind, order) pairs with more than one row: zero by construction (the
+    /// idempotency key is unique); counted so a report can say so.
+    pub double_enqueued: i64,
+}
+
+pub async fn audit(client: &impl GenericClient, since: Duration) -> Result<Audit, tokio_postgres::Error> {
+    let secs = since.as_secs_f64();
+    let totals = client
+        .query_one(
+            "SELECT count(*), coalesce(sum(deliveries), 0)::int8
+               FROM processed_events WHERE processed_at >= now() - $1 * interval '1 second'",
+            &[&secs],
+        )
+        .await?;
+    let by_status = client
+        .query(
+            "SELECT status, count(*) FROM processed_events
+              WHERE processed_at >= now() - $1 * interval '1 second' GROUP BY status ORDER BY status",
+            &[&secs],
+        )
+        .await?;
+    let commands = client
+        .query(
+            "SELECT kind, status, count(*) FROM outbox
+              WHERE created_at >= now() - $1 * interval '1 second' GROUP BY kind, status ORDER BY kind, status",
+            &[&secs],
+        )
+        .await?;
+    let doubled = client
+        .query_one(
+            "SELECT count(*) FROM (SELECT 1 FROM outbox WHERE created_at >= now() - $1 * interval '1 second'
+                                     GROUP BY kind, order_id HAVING count(*) > 1) d",
+            &[&secs],
+        )
+        .await?;
+    let distinct_events: i64 = totals.get(0);
+    let deliveries: i64 = totals.get(1);
+    Ok(Audit {
+        since_seconds: since.as_secs(),
+        deliveries,
+        distinct_events,
+        duplicate_deliveries: deliveries - distinct_events,
+        events_by_status: by_status.iter().map(|r| (r.get(0), r.get(1))).collect(),
+        commands: commands.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect(),
+        double_enqueued: doubled.get(0),
+    })
+}

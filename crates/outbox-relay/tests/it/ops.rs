@@ -166,3 +166,61 @@ async fn configuration_errors_name_the_variable() {
         assert!(!stderr.contains("panicked"));
     }
 }
+
+/// The audit's figures against a workload whose duplicates are known.
+#[tokio::test]
+async fn audit_counts_a_known_workload() {
+    let env = env().await;
+    env.client
+        .batch_execute(
+            "INSERT INTO processed_events (event_id, event_type, status, result, deliveries)
+             SELECT 'evt_' || n, 'payment.succeeded', 'processed', '{}', CASE WHEN n <= 10 THEN 3 ELSE 1 END
+               FROM generate_series(1, 100) n;
+             INSERT INTO processed_events (event_id, event_type, status, result, deliveries)
+             VALUES ('evt_u', 'payment.succeeded', 'unmatched', '{}', 2);
+             INSERT INTO processed_events (event_id, event_type, status, result, processed_at)
+             VALUES ('evt_old', 'payment.succeeded', 'processed', '{}', now() - interval '3 days');",
+        )
+        .await
+        .unwrap();
+    env.seed(1, 100).await;
+    env.client
+        .batch_execute(
+            "UPDATE outbox SET status = 'done', finished_at = now() WHERE order_id <= 95;
+             UPDATE outbox SET status = 'dead', finished_at = now() WHERE order_id = 96;",
+        )
+        .await
+        .unwrap();
+    let (ok, out, err) = relay_cli(&env.db.url, &["audit", "--since", "1d", "--json"]);
+    assert!(ok, "{err}");
+    let a: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(a["distinct_events"], 101);
+    assert_eq!(a["deliveries"], 100 + 20 + 2);
+    assert_eq!(a["duplicate_deliveries"], 21);
+    assert_eq!(a["since_seconds"], 86_400);
+    assert_eq!(a["double_enqueued"], 0);
+    assert_eq!(a["downstream"], serde_json::Value::Null);
+    let commands = a["commands"].as_array().unwrap();
+    let get = |status: &str| {
+        commands
+            .iter()
+            .find(|r| r[0] == "ship_order" && r[1] == status)
+            .map(|r| r[2].clone())
+    };
+    assert_eq!(get("done"), Some(95.into()));
+    assert_eq!(get("dead"), Some(1.into()));
+    assert_eq!(get("pending"), Some(4.into()));
+
+    let (ok, table, _) = relay_cli(
+        &env.db.url,
+        &["audit", "--since", "1d", "--downstream-stats", &env.url()],
+    );
+    assert!(ok);
+    assert!(
+        table.contains("duplicate deliveries") && table.contains("21"),
+        "{table}"
+    );
+    assert!(table.contains("double effects"), "{table}");
+    let (ok, _, err) = relay_cli(&env.db.url, &["audit", "--since", "soon"]);
+    assert!(!ok && err.contains("soon"), "{err}");
+}
