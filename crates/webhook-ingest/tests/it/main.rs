@@ -4,6 +4,7 @@
 mod config;
 mod dedup;
 mod helpers;
+mod hostile;
 mod outage;
 mod outcomes;
 mod shutdown;
