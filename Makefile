@@ -5,7 +5,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: all build release test lint fmt run bench deploy-check db-start db-stop db-url
+.PHONY: all build release test lint fmt run bench soak deploy-check db-start db-stop db-url
 
 all: build
 
@@ -38,6 +38,13 @@ fmt:
 ## RUN_EVENTS, RUN_DUPLICATE_RATE, RUN_CARRIER_LATENCY_MS: see scripts/run.sh.
 run: release
 	scripts/run.sh
+
+## The chaos test at scale, for people (not CI): 200,000 events over about
+## ten minutes through kills and restarts; prints the tally and latencies.
+soak: release
+	cargo build --release -p e2e --tests
+	CHAOS_EVENTS=$${CHAOS_EVENTS:-200000} CHAOS_RATE=$${CHAOS_RATE:-350} scripts/with-db.sh \
+	  cargo test --release -p e2e --test e2e chaos -- --nocapture
 
 db-start:
 	@scripts/pg-cluster.sh start

@@ -26,10 +26,20 @@ pub struct Proc {
 
 impl Proc {
     pub fn spawn(name: &'static str, env: &[(String, String)], dir: &std::path::Path) -> Self {
+        Self::spawn_with_args(name, &[], env, dir)
+    }
+
+    pub fn spawn_with_args(
+        name: &'static str,
+        args: &[&str],
+        env: &[(String, String)],
+        dir: &std::path::Path,
+    ) -> Self {
         let stdout = dir.join(format!("{name}-{}.log", testkit::free_port()));
         let file = std::fs::File::create(&stdout).unwrap();
         let mut cmd = Command::new(testkit::bin::path(name));
-        cmd.env_clear()
+        cmd.args(args)
+            .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .stdout(Stdio::from(file))
             .stderr(Stdio::inherit());

@@ -1,5 +1,6 @@
 //! End-to-end tests: the real binaries as processes.
 
+mod chaos;
 mod harness;
 mod observability;
 mod run_demo;

@@ -1,0 +1,400 @@
+//! Chaos: exactly-once effects while processes, the network and the database fail.
+//!
+//! The real binaries: two ingests behind the simulated provider, two relays,
+//! a downstream injecting 5% 5xx, 2% 429 with Retry-After, latency jitter and
+//! connection resets. While the provider sends thousands of events with
+//! duplicates (concurrent bursts, and late redeliveries after the main phase):
+//! a relay is SIGKILLed every few seconds and replaced, an ingest is SIGKILLed
+//! mid-load and restarted, and Postgres is restarted (fast shutdown). At the
+//! end, from the downstream's own records: every event the ingest
+//! acknowledged has exactly one effect per command, nothing else has an
+//! effect, nothing is pending or leased, and the provider got a 2xx for every
+//! event.
+//!
+//! `CHAOS_EVENTS` and `CHAOS_RATE` scale it (`make soak`).
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use simulator::downstream::{DownstreamConfig, Faults, Latency};
+use testkit::PrivateCluster;
+
+use crate::harness::{Proc, SECRET, TempDir};
+
+fn setting(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+struct Tally {
+    events: u64,
+    deliveries: u64,
+    duplicates: u64,
+    relay_kills: u64,
+    ingest_kills: u64,
+    postgres_restarts: u64,
+    requests: u64,
+    effects: u64,
+    double_effects: u64,
+}
+
+impl std::fmt::Display for Tally {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "chaos tally: events {} | deliveries {} | duplicates {} | kills {} relay + {} ingest | \
+             postgres restarts {} | downstream requests {} | effects {} | double effects {}",
+            self.events,
+            self.deliveries,
+            self.duplicates,
+            self.relay_kills,
+            self.ingest_kills,
+            self.postgres_restarts,
+            self.requests,
+            self.effects,
+            self.double_effects
+        )
+    }
+}
+
+struct Ports {
+    ingest: [u16; 2],
+    ingest_admin: [u16; 2],
+}
+
+fn ingest_env(url: &str, ports: &Ports, i: usize) -> Vec<(String, String)> {
+    vec![
+        ("DATABASE_URL".into(), url.into()),
+        ("WEBHOOK_SECRETS".into(), SECRET.into()),
+        (
+            "INGEST_LISTEN_ADDR".into(),
+            format!("127.0.0.1:{}", ports.ingest[i]),
+        ),
+        (
+            "ADMIN_LISTEN_ADDR".into(),
+            format!("127.0.0.1:{}", ports.ingest_admin[i]),
+        ),
+        ("INGEST_DEADLINE_MS".into(), "2000".into()),
+        ("LOG_FORMAT".into(), "json".into()),
+        ("RUST_LOG".into(), "warn".into()),
+    ]
+}
+
+fn relay_env(url: &str, downstream: &str) -> Vec<(String, String)> {
+    vec![
+        ("DATABASE_URL".into(), url.into()),
+        ("FULFILMENT_URL".into(), downstream.into()),
+        ("EMAIL_URL".into(), downstream.into()),
+        ("ADMIN_LISTEN_ADDR".into(), "127.0.0.1:0".into()),
+        // Short leases so a killed relay's rows come back within the test.
+        ("RELAY_LEASE_SECS".into(), "5".into()),
+        ("RELAY_HTTP_TIMEOUT_MS".into(), "2000".into()),
+        ("RELAY_BACKOFF_BASE_MS".into(), "100".into()),
+        ("RELAY_BACKOFF_MAX_SECS".into(), "3".into()),
+        ("RELAY_POLL_INTERVAL_MS".into(), "250".into()),
+        ("LOG_FORMAT".into(), "json".into()),
+        ("RUST_LOG".into(), "warn".into()),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_effects_survive_kills_restarts_and_a_faulty_downstream() {
+    let events = setting("CHAOS_EVENTS", 3000);
+    let rate = setting("CHAOS_RATE", 50);
+    let dir = TempDir(std::env::temp_dir().join(format!("chaos-{}", testkit::free_port())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+
+    let cluster = PrivateCluster::start().expect("a private cluster");
+    let url = cluster.migrated_database("chaos").await.unwrap();
+    let client = testkit::TestDb::connect_url(&url).await;
+    client
+        .execute(
+            "INSERT INTO orders (id, payment_id) SELECT n, 'pay_' || n FROM generate_series(1, $1::int8) n",
+            &[&(events as i64)],
+        )
+        .await
+        .unwrap();
+    drop(client);
+
+    let downstream = simulator::downstream::spawn(DownstreamConfig {
+        faults: Faults {
+            latency_ms: Latency::Uniform { low: 1.0, high: 30.0 },
+            error_rate: 0.05,
+            rate_429: 0.02,
+            retry_after_secs: 1,
+            reset_rate: 0.01,
+            ..Faults::default()
+        },
+        ..DownstreamConfig::default()
+    })
+    .await
+    .unwrap();
+
+    let ports = Ports {
+        ingest: [testkit::free_port(), testkit::free_port()],
+        ingest_admin: [testkit::free_port(), testkit::free_port()],
+    };
+    let mut ingests = vec![
+        Proc::spawn("webhook-ingest", &ingest_env(&url, &ports, 0), &dir.0),
+        Proc::spawn("webhook-ingest", &ingest_env(&url, &ports, 1), &dir.0),
+    ];
+    let mut relays = vec![
+        Proc::spawn("outbox-relay", &relay_env(&url, &downstream.url()), &dir.0),
+        Proc::spawn("outbox-relay", &relay_env(&url, &downstream.url()), &dir.0),
+    ];
+    let http = testkit::http();
+    for port in ports.ingest_admin {
+        wait_ready(&http, port).await;
+    }
+
+    let ack_file = dir.0.join("acks.jsonl");
+    let provider_env = vec![
+        (
+            "PROVIDER_TARGET".to_owned(),
+            format!(
+                "http://127.0.0.1:{},http://127.0.0.1:{}",
+                ports.ingest[0], ports.ingest[1]
+            ),
+        ),
+        ("PROVIDER_SECRET".to_owned(), SECRET.to_owned()),
+    ];
+    let mut provider = Proc::spawn_with_args(
+        "simulator",
+        &[
+            "provider",
+            "--rate",
+            &rate.to_string(),
+            "--events",
+            &events.to_string(),
+            "--orders",
+            &events.to_string(),
+            "--duplicate-rate",
+            "0.1",
+            "--duplicate-delay-ms",
+            "0..3000",
+            "--late-duplicate-rate",
+            "0.3",
+            "--late-delay-ms",
+            "2000",
+            "--burst-rate",
+            "0.02",
+            "--refund-rate",
+            "0.03",
+            "--unmatched-rate",
+            "0.01",
+            "--unknown-rate",
+            "0.01",
+            "--timeout-ms",
+            "3000",
+            "--give-up-after-ms",
+            "150000",
+            "--ack-file",
+            ack_file.to_str().unwrap(),
+            "--json",
+            "--no-progress",
+        ],
+        &provider_env,
+        &dir.0,
+    );
+
+    // The chaos, beside the load.
+    let main_phase = Duration::from_secs_f64(events as f64 / rate as f64);
+    let started = Instant::now();
+    let mut tally = Tally {
+        events,
+        deliveries: 0,
+        duplicates: 0,
+        relay_kills: 0,
+        ingest_kills: 0,
+        postgres_restarts: 0,
+        requests: 0,
+        effects: 0,
+        double_effects: 0,
+    };
+    let ingest_kill_at = main_phase.mul_f64(0.3);
+    let restart_at = main_phase.mul_f64(0.55);
+    let mut next_relay_kill = Duration::from_secs(3);
+    let mut killed_relay = 0usize;
+    while provider.child.try_wait().unwrap().is_none() {
+        let now = started.elapsed();
+        if now >= next_relay_kill {
+            let victim = killed_relay % relays.len();
+            relays[victim].signal("KILL");
+            relays[victim] = Proc::spawn("outbox-relay", &relay_env(&url, &downstream.url()), &dir.0);
+            killed_relay += 1;
+            tally.relay_kills += 1;
+            next_relay_kill = now + Duration::from_secs(4);
+        }
+        if tally.ingest_kills == 0 && now >= ingest_kill_at {
+            ingests[0].signal("KILL");
+            let _ = ingests[0].child.wait();
+            tokio::time::sleep(Duration::from_millis(800)).await;
+            ingests[0] = Proc::spawn("webhook-ingest", &ingest_env(&url, &ports, 0), &dir.0);
+            tally.ingest_kills += 1;
+        }
+        if tally.postgres_restarts == 0 && now >= restart_at {
+            cluster.stop().expect("fast shutdown");
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            cluster.resume().expect("restart");
+            tally.postgres_restarts += 1;
+        }
+        assert!(
+            now < main_phase + Duration::from_secs(150),
+            "the provider never finished"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        tally.ingest_kills == 1 && tally.postgres_restarts == 1,
+        "the run ended before the chaos"
+    );
+    let summary: serde_json::Value = serde_json::from_str(provider.log().lines().last().unwrap_or("{}"))
+        .unwrap_or_else(|e| panic!("provider summary: {e}: {}", provider.log()));
+    tally.deliveries = summary["deliveries"].as_u64().unwrap();
+    tally.duplicates =
+        summary["duplicate_deliveries"].as_u64().unwrap() + summary["burst_deliveries"].as_u64().unwrap();
+    assert_eq!(
+        summary["acknowledged"], summary["events"],
+        "the provider got a 2xx for every event: {summary}"
+    );
+    assert_eq!(summary["events"].as_u64(), Some(events));
+
+    // Let the relays finish (leases of the last killed one expire in 5 s).
+    let client = testkit::TestDb::connect_url(&url).await;
+    let drained = Instant::now();
+    loop {
+        let left: i64 = client
+            .query_one(
+                "SELECT count(*) FROM outbox WHERE status = 'pending' OR lease_owner IS NOT NULL",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if left == 0 {
+            break;
+        }
+        assert!(
+            drained.elapsed() < Duration::from_secs(90),
+            "{left} rows still pending or leased"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for relay in &mut relays {
+        relay.stop(Duration::from_secs(10));
+    }
+    for ingest in &mut ingests {
+        ingest.stop(Duration::from_secs(10));
+    }
+
+    // What the provider was told, per event.
+    let acks: Vec<serde_json::Value> = std::fs::read_to_string(&ack_file)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(acks.len() as u64, events);
+    let acknowledged: HashSet<String> = acks
+        .iter()
+        .filter(|a| a["acknowledged"] == true)
+        .map(|a| a["event_id"].as_str().unwrap().to_owned())
+        .collect();
+    // The database agrees with every acknowledgement, status included.
+    let recorded: HashMap<String, String> = client
+        .query("SELECT event_id, status FROM processed_events", &[])
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    for ack in &acks {
+        let id = ack["event_id"].as_str().unwrap();
+        assert_eq!(
+            recorded.get(id).map(String::as_str),
+            ack["status"].as_str(),
+            "{id}: acknowledged with {} but recorded as {:?}",
+            ack["status"],
+            recorded.get(id)
+        );
+    }
+
+    // Outbox rows: all finished; their effects at the downstream, exactly.
+    let rows: Vec<(String, String, String)> = client
+        .query("SELECT idempotency_key, status, event_id FROM outbox", &[])
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    let stats = downstream.stats();
+    let keys = stats.keys.as_ref().unwrap();
+    for (key, status, event_id) in &rows {
+        assert!(
+            acknowledged.contains(event_id),
+            "{key} enqueued by {event_id}, never acknowledged"
+        );
+        let effects = keys.get(key).map_or(0, |k| k.effects);
+        match status.as_str() {
+            "done" => assert_eq!(effects, 1, "{key}: done, so exactly one effect"),
+            "cancelled" => assert_eq!(effects, 0, "{key}: cancelled by a refund, so no effect"),
+            other => panic!("{key} is {other}"),
+        }
+    }
+    let enqueued: HashSet<&str> = rows.iter().map(|(k, _, _)| k.as_str()).collect();
+    for (key, k) in keys {
+        assert!(
+            k.effects == 0 || enqueued.contains(key.as_str()),
+            "{key} has an effect but no outbox row"
+        );
+        assert!(k.effects <= 1, "{key}: {} effects", k.effects);
+    }
+    tally.requests = stats.requests;
+    tally.effects = stats.effects;
+    tally.double_effects = stats.double_effects;
+    assert_eq!(stats.double_effects, 0);
+    assert_eq!(
+        stats.effects as usize,
+        rows.iter().filter(|(_, s, _)| s == "done").count()
+    );
+    let processed = recorded.values().filter(|s| *s == "processed").count();
+    assert!(
+        processed as u64 > events / 2,
+        "most events paid an order: {processed}"
+    );
+    assert!(stats.requests > stats.effects, "the faults made the relays retry");
+
+    eprintln!("{tally}");
+    eprintln!(
+        "provider latency under chaos: p50 {} ms, p99 {} ms, p99.9 {} ms ({} retries, {} timeouts, {} connection errors)",
+        summary["latency_ms"]["p50"],
+        summary["latency_ms"]["p99"],
+        summary["latency_ms"]["p999"],
+        summary["retries"],
+        summary["timeouts"],
+        summary["connection_errors"]
+    );
+    let out = testkit::workspace_root().join("target/chaos");
+    let _ = std::fs::create_dir_all(&out);
+    let _ = std::fs::write(out.join("tally.txt"), format!("{tally}\nprovider: {summary}\n"));
+}
+
+async fn wait_ready(http: &reqwest::Client, admin_port: u16) {
+    let started = Instant::now();
+    loop {
+        if let Ok(r) = http
+            .get(format!("http://127.0.0.1:{admin_port}/readyz"))
+            .send()
+            .await
+            && r.status() == 200
+        {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "not ready: {admin_port}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
