@@ -20,6 +20,11 @@
 #   machine may already run a Postgres on 5432), and on a socket in its folder.
 # - Durability stays at PostgreSQL's defaults: the benchmark measures against
 #   it and reports the settings.
+# - TLS (for tests of sslmode=require / verify-full): with PG_CLUSTER_SSL_CERT
+#   and PG_CLUSTER_SSL_KEY naming a server certificate and its key (PEM),
+#   `start` copies them into the data directory (owned by the server's user,
+#   mode 0600, as PostgreSQL demands of a key) and turns `ssl` on. Plain
+#   connections keep working; clients choose with sslmode.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd -P)
@@ -72,6 +77,24 @@ pick_user() {
   fi
 }
 
+# PG_CLUSTER_SSL_CERT / PG_CLUSTER_SSL_KEY: serve TLS with that certificate.
+configure_ssl() {
+  [ -n "${PG_CLUSTER_SSL_CERT:-}" ] || return 0
+  [ -n "${PG_CLUSTER_SSL_KEY:-}" ] || { say "PG_CLUSTER_SSL_CERT needs PG_CLUSTER_SSL_KEY"; exit 2; }
+  install -m 0644 "$PG_CLUSTER_SSL_CERT" "$data/server.crt"
+  install -m 0600 "$PG_CLUSTER_SSL_KEY" "$data/server.key"
+  if [ "$(id -u)" = 0 ]; then chown "$pg_user" "$data/server.crt" "$data/server.key"; fi
+  if ! grep -q '^# --- tls (PG_CLUSTER_SSL_CERT)' "$data/postgresql.conf"; then
+    cat >>"$data/postgresql.conf" <<EOF
+
+# --- tls (PG_CLUSTER_SSL_CERT)
+ssl = on
+ssl_cert_file = 'server.crt'
+ssl_key_file = 'server.key'
+EOF
+  fi
+}
+
 running() {
   [ -f "$data/postmaster.pid" ] && run_as "$bindir/pg_ctl" -D "$data" status >/dev/null 2>&1
 }
@@ -106,6 +129,7 @@ log_min_messages = warning
 log_min_error_statement = panic
 EOF
   fi
+  configure_ssl
   if running; then
     echo "$url"
     return

@@ -1,7 +1,8 @@
 //! The stack as a user runs it: `webhook-ingest` and `outbox-relay` as
 //! processes (their stdout captured), the simulated downstream, a fresh
 //! database, and optionally an OTLP/HTTP receiver that decodes what the
-//! services export.
+//! services export. The services log in as members of their own database
+//! roles (least privilege); the test's `client` is the cluster's superuser.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -13,7 +14,7 @@ use actix_web::{App, HttpResponse, HttpServer, web};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use prost::Message as _;
 use simulator::downstream::{DownstreamConfig, RunningDownstream};
-use testkit::TestDb;
+use testkit::{Role, TestDb};
 
 pub const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
@@ -233,6 +234,10 @@ pub struct StackOptions {
     pub otlp: bool,
     pub relay_env: Vec<(&'static str, String)>,
     pub ingest_env: Vec<(&'static str, String)>,
+    /// Both services reach the database through a transaction-mode pooler
+    /// listening on this port of 127.0.0.1 (`DATABASE_POOL_MODE=transaction`);
+    /// the relay keeps its LISTEN on a direct connection.
+    pub through_pooler: Option<u16>,
 }
 
 impl Stack {
@@ -253,7 +258,6 @@ impl Stack {
         let (ingest_port, ingest_admin_port, relay_admin_port) =
             (testkit::free_port(), testkit::free_port(), testkit::free_port());
         let mut common = vec![
-            ("DATABASE_URL".to_owned(), db.url.clone()),
             ("LOG_FORMAT".to_owned(), "json".to_owned()),
             ("RUST_LOG".to_owned(), "info".to_owned()),
         ];
@@ -262,8 +266,16 @@ impl Stack {
             // Export promptly; shutdown flushes the rest.
             common.push(("OTEL_BSP_SCHEDULE_DELAY".into(), "100".into()));
         }
+        let service_url = |role: Role| match options.through_pooler {
+            Some(port) => testkit::url_with_port(&db.url_as(role), port),
+            None => db.url_as(role),
+        };
+        if options.through_pooler.is_some() {
+            common.push(("DATABASE_POOL_MODE".into(), "transaction".into()));
+        }
         let mut ingest_env = common.clone();
         ingest_env.extend([
+            ("DATABASE_URL".to_owned(), service_url(Role::Ingest)),
             ("WEBHOOK_SECRETS".to_owned(), SECRET.to_owned()),
             (
                 "INGEST_LISTEN_ADDR".to_owned(),
@@ -281,7 +293,11 @@ impl Stack {
                 .map(|(k, v)| ((*k).to_owned(), v.clone())),
         );
         let mut relay_env = common;
+        if options.through_pooler.is_some() {
+            relay_env.push(("RELAY_LISTEN_DATABASE_URL".into(), db.url_as(Role::Relay)));
+        }
         relay_env.extend([
+            ("DATABASE_URL".to_owned(), service_url(Role::Relay)),
             ("FULFILMENT_URL".to_owned(), downstream.url()),
             ("EMAIL_URL".to_owned(), downstream.url()),
             (

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{Manager, ManagerConfig, RecyclingMethod, Runtime};
 use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::pem::PemObject as _;
@@ -26,6 +26,8 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
 use tokio_postgres::config::SslMode;
 use tokio_postgres_rustls::MakeRustlsConnect;
+
+use crate::pool::{Pool, PoolMode};
 
 /// Why `DATABASE_URL` is unusable. The text never repeats the URL (it may
 /// hold a password).
@@ -51,6 +53,12 @@ enum Verify {
 }
 
 /// What each service asks of its connections.
+///
+/// The three settings below travel in the startup packet's `options`, which a
+/// transaction-mode pooler does not pass on: when the database is reached in
+/// [`PoolMode::Transaction`] they are not sent, and the login role must carry
+/// them instead (`ALTER ROLE ... SET statement_timeout = ...`;
+/// deploy/sql/roles.sql).
 #[derive(Debug, Clone)]
 pub struct ConnectOptions {
     /// Shown in `pg_stat_activity`, so an operator sees which service holds what.
@@ -75,12 +83,15 @@ pub struct ConnectOptions {
 pub struct Database {
     config: tokio_postgres::Config,
     tls: MakeRustlsConnect,
+    /// Whether the URL leads to a transaction-mode pooler (`DATABASE_POOL_MODE`).
+    pool_mode: PoolMode,
 }
 
 impl std::fmt::Debug for Database {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Database")
             .field("target", &self.describe())
+            .field("pool_mode", &self.pool_mode)
             .finish()
     }
 }
@@ -123,7 +134,11 @@ impl Database {
                 verify_with_root(&path, verify == Verify::ChainAndName)?
             }
         };
-        Ok(Self { config, tls })
+        Ok(Self {
+            config,
+            tls,
+            pool_mode: PoolMode::Session,
+        })
     }
 
     /// `host:port/dbname` for logs and errors, without credentials.
@@ -138,6 +153,17 @@ impl Database {
         format!("{host}:{port}/{db}")
     }
 
+    /// The same target, reached through a pooler in `mode`: pools made from it
+    /// then send what that pooler supports (see [`PoolMode`]).
+    pub fn with_pool_mode(mut self, mode: PoolMode) -> Self {
+        self.pool_mode = mode;
+        self
+    }
+
+    pub fn pool_mode(&self) -> PoolMode {
+        self.pool_mode
+    }
+
     /// The same server and credentials, another database (tests, tools).
     pub fn with_dbname(&self, dbname: &str) -> Self {
         let mut other = self.clone();
@@ -148,6 +174,9 @@ impl Database {
     fn config_for(&self, options: &ConnectOptions) -> tokio_postgres::Config {
         let mut config = self.config.clone();
         config.application_name(options.application_name);
+        if self.pool_mode == PoolMode::Transaction {
+            return config;
+        }
         let mut settings = Vec::new();
         if let Some(timeout) = options.statement_timeout {
             settings.push(format!("-c statement_timeout={}", timeout.as_millis()));
@@ -207,14 +236,15 @@ impl Database {
                 recycling_method: RecyclingMethod::Fast,
             },
         );
-        Pool::builder(manager)
+        let pool = deadpool_postgres::Pool::builder(manager)
             .max_size(options.pool_size)
             .runtime(Runtime::Tokio1)
             .wait_timeout(Some(options.pool_wait))
             .create_timeout(Some(options.pool_wait))
             .recycle_timeout(Some(options.pool_wait))
             .build()
-            .expect("a pool with a runtime and timeouts always builds")
+            .expect("a pool with a runtime and timeouts always builds");
+        Pool::new(pool, self.pool_mode)
     }
 }
 

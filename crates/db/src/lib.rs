@@ -4,6 +4,10 @@
 //! - [`connect`]: `DATABASE_URL` parsing (libpq's `sslmode` values, including
 //!   `verify-ca` / `verify-full` with `sslrootcert`), TLS with rustls, single
 //!   connections and pools.
+//! - [`pool`]: the services' pools, direct or behind a transaction-mode pooler
+//!   (`DATABASE_POOL_MODE`).
+//! - [`sql`]: every statement of both services, and the one place that decides
+//!   how it is sent (named and prepared once per connection, or unnamed).
 //! - [`migrate`]: the migrations in `migrations/`, embedded in the binary, applied
 //!   under an advisory lock; the schema status.
 //! - [`ready`]: the database half of `/readyz`.
@@ -11,10 +15,14 @@
 
 pub mod connect;
 pub mod migrate;
+pub mod pool;
 pub mod ready;
+pub mod sql;
 
 pub use connect::{ConnectOptions, Database, DatabaseUrlError};
 pub use migrate::{SchemaStatus, migrate, schema_status};
+pub use pool::{Client, Pool, PoolError, PoolMode};
+pub use sql::{Executor, Sql};
 
 /// `SQLSTATE` of a unique violation, for callers that branch on it.
 pub const UNIQUE_VIOLATION: &str = "23505";

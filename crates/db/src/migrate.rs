@@ -5,8 +5,17 @@
 //! the others wait and then find nothing to do. Both services check
 //! [`schema_status`] for `/readyz` and start serving once it is current,
 //! without a restart.
+//!
+//! Migrations need a direct connection (or a session-mode pooler): the lock
+//! is a session lock held across the migration's statements, which a
+//! transaction-mode pooler would hand to other clients' transactions. The
+//! migrating user owns the tables it creates; the services' roles are granted
+//! what they use (`migrations/V2__roles.sql`).
 
 use anyhow::Context as _;
+use tokio_postgres::types::Type;
+
+use crate::sql::{Executor, Sql};
 
 mod embedded {
     refinery::embed_migrations!("../../migrations");
@@ -72,25 +81,39 @@ impl std::fmt::Display for SchemaStatus {
     }
 }
 
+/// Whether the history table exists (no migration ever ran if not).
+const HISTORY_EXISTS: Sql = Sql::new("SELECT to_regclass($1) IS NOT NULL", &[Type::TEXT]);
+
+/// The newest applied version.
+const APPLIED_VERSION: Sql = Sql::new(
+    "SELECT coalesce(max(version), 0)::int4 FROM refinery_schema_history",
+    &[],
+);
+
 /// Compares the applied migrations with the embedded ones.
-pub async fn schema_status(client: &tokio_postgres::Client) -> Result<SchemaStatus, tokio_postgres::Error> {
-    let row = client
-        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&HISTORY_TABLE])
-        .await?;
+pub async fn schema_status(client: &(impl Executor + ?Sized)) -> Result<SchemaStatus, tokio_postgres::Error> {
+    let row = HISTORY_EXISTS.query_one(client, &[&HISTORY_TABLE]).await?;
     if !row.get::<_, bool>(0) {
         return Ok(SchemaStatus::Unmigrated);
     }
-    let row = client
-        .query_one(
-            &format!("SELECT coalesce(max(version), 0)::int4 FROM {HISTORY_TABLE}"),
-            &[],
-        )
-        .await?;
-    let applied: i32 = row.get(0);
+    let applied: i32 = APPLIED_VERSION.query_one(client, &[]).await?.get(0);
     let expected = expected_version();
     Ok(match applied {
         0 => SchemaStatus::Unmigrated,
         a if a >= expected => SchemaStatus::Current,
         a => SchemaStatus::Behind { applied: a, expected },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_statements_read_refinerys_table() {
+        assert!(APPLIED_VERSION.text.contains(HISTORY_TABLE));
+        for sql in [&HISTORY_EXISTS, &APPLIED_VERSION] {
+            assert_eq!(sql.placeholders(), sql.types.len(), "{}", sql.text);
+        }
+    }
 }

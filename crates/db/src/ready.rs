@@ -3,8 +3,11 @@
 
 use std::time::Duration;
 
+use crate::pool::{Pool, PoolMode};
+use crate::sql::Sql;
+
 /// Ok when a pooled connection answers within 2 s and the schema is current.
-pub async fn check(pool: &deadpool_postgres::Pool) -> Result<(), String> {
+pub async fn check(pool: &Pool) -> Result<(), String> {
     let client = tokio::time::timeout(Duration::from_secs(2), pool.get())
         .await
         .map_err(|_| "database: no connection within 2s".to_owned())?
@@ -16,15 +19,23 @@ pub async fn check(pool: &deadpool_postgres::Pool) -> Result<(), String> {
     }
 }
 
+/// The login role's own `statement_timeout`: what bounds a statement when
+/// no startup `options` can (a transaction-mode pooler).
+const STATEMENT_TIMEOUT: Sql = Sql::new("SELECT current_setting('statement_timeout'), current_user::text", &[]);
+
 /// Says once, in one line, when the database is not ready at start-up, and
-/// again when it becomes ready (no restart needed).
-pub async fn announce(pool: deadpool_postgres::Pool) {
+/// again when it becomes ready (no restart needed). Behind a transaction-mode
+/// pooler, also says when the role sets no `statement_timeout`.
+pub async fn announce(pool: Pool) {
     let mut complained = false;
     loop {
         match check(&pool).await {
             Ok(()) => {
                 if complained {
                     tracing::info!("database ready: schema current");
+                }
+                if pool.mode() == PoolMode::Transaction {
+                    warn_without_role_timeout(&pool).await;
                 }
                 return;
             }
@@ -35,5 +46,18 @@ pub async fn announce(pool: deadpool_postgres::Pool) {
             Err(_) => {}
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+async fn warn_without_role_timeout(pool: &Pool) {
+    let Ok(client) = pool.get().await else { return };
+    if let Ok(row) = STATEMENT_TIMEOUT.query_one(&client, &[]).await {
+        let (timeout, role): (String, String) = (row.get(0), row.get(1));
+        if timeout == "0" {
+            tracing::warn!(
+                "DATABASE_POOL_MODE=transaction and role {role} sets no statement_timeout: \
+                 statements are unbounded on the server (ALTER ROLE {role} SET statement_timeout = ...)"
+            );
+        }
     }
 }

@@ -103,6 +103,19 @@ pub struct Settings {
           value_parser = clap::value_parser!(u32).range(2..=1000), global = true)]
     pub database_pool_size: u32,
 
+    /// How DATABASE_URL reaches Postgres: `session` (directly, or a session-mode pooler: statements
+    /// prepared once per connection) or `transaction` (PgBouncer with pool_mode = transaction:
+    /// unnamed statements, settings from the role; LISTEN then needs RELAY_LISTEN_DATABASE_URL or
+    /// RELAY_LISTEN=false).
+    #[arg(
+        long,
+        env = "DATABASE_POOL_MODE",
+        value_enum,
+        default_value = "session",
+        global = true
+    )]
+    pub database_pool_mode: db::PoolMode,
+
     /// /healthz, /readyz and /metrics.
     #[arg(
         long,
@@ -217,7 +230,9 @@ impl Settings {
             .database_url
             .as_deref()
             .ok_or("DATABASE_URL is required (postgres://user@host:port/db)")?;
-        db::Database::parse(url).map_err(|e| format!("DATABASE_URL {e}"))
+        db::Database::parse(url)
+            .map(|database| database.with_pool_mode(self.database_pool_mode))
+            .map_err(|e| format!("DATABASE_URL {e}"))
     }
 
     pub fn listen_database(&self) -> Result<Option<db::Database>, String> {

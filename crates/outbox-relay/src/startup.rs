@@ -22,7 +22,7 @@ const GAUGE_REFRESH: Duration = Duration::from_secs(5);
 pub struct Application {
     relay: Arc<Relay>,
     admin: AdminServer,
-    pool: deadpool_postgres::Pool,
+    pool: db::Pool,
     database: db::Database,
     listen_database: db::Database,
     metrics: RelayMetrics,
@@ -119,7 +119,7 @@ impl Application {
 
 /// `/readyz`: database reachable and current, and the claim loop alive
 /// (woken by NOTIFY or, without it, by its polling fallback).
-fn readiness(pool: deadpool_postgres::Pool, health: Arc<LoopHealth>, config: RelayConfig) -> Readiness {
+fn readiness(pool: db::Pool, health: Arc<LoopHealth>, config: RelayConfig) -> Readiness {
     let stale_after = (config.poll_interval * 3)
         .max(Duration::from_secs(15))
         .as_millis() as i64;
@@ -144,10 +144,10 @@ fn readiness(pool: deadpool_postgres::Pool, health: Arc<LoopHealth>, config: Rel
     })
 }
 
-async fn refresh_gauges(pool: deadpool_postgres::Pool, metrics: RelayMetrics, stop: CancellationToken) {
+async fn refresh_gauges(pool: db::Pool, metrics: RelayMetrics, stop: CancellationToken) {
     loop {
         if let Ok(client) = pool.get().await {
-            match storage::backlog(&**client).await {
+            match storage::backlog(&client).await {
                 Ok(backlog) => metrics.set_backlog(&backlog),
                 Err(e) => tracing::debug!(error = %e, "refreshing the backlog gauges"),
             }

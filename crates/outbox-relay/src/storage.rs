@@ -17,7 +17,8 @@
 
 use std::time::Duration;
 
-use tokio_postgres::GenericClient;
+use db::{Executor, Sql};
+use tokio_postgres::types::Type;
 
 /// The channel the ingest notifies in its transaction.
 pub const NOTIFY_CHANNEL: &str = "outbox_pending";
@@ -30,7 +31,8 @@ pub const COUNT_DUE: &str = include_str!("../sql/count_due.sql");
 /// time). `SKIP LOCKED`: concurrent relays take disjoint batches and never wait
 /// on each other. The partial index on (available_at, id) WHERE pending keeps
 /// the cost independent of how many done rows exist.
-const CLAIM: &str = "
+const CLAIM: Sql = Sql::new(
+    "
 WITH due AS (
     SELECT id FROM outbox
      WHERE status = 'pending' AND available_at <= now()
@@ -45,11 +47,15 @@ UPDATE outbox AS o
        attempts = o.attempts + 1
   FROM due
  WHERE o.id = due.id
-RETURNING o.id, o.kind, o.payload, o.idempotency_key, o.attempts, o.trace_context, o.event_id";
+RETURNING o.id, o.kind, o.payload, o.idempotency_key, o.attempts, o.trace_context, o.event_id",
+    // batch size, lease owner, lease in ms
+    &[Type::INT8, Type::TEXT, Type::INT8],
+);
 
 /// Every outcome of a batch in one statement. `release` hands a row back
 /// untouched (it was claimed but never sent: shutdown), undoing its attempt.
-const COMPLETE: &str = "
+const COMPLETE: Sql = Sql::new(
+    "
 UPDATE outbox AS o
    SET status = CASE v.outcome WHEN 'done' THEN 'done' WHEN 'dead' THEN 'dead' ELSE 'pending' END,
        finished_at = CASE WHEN v.outcome IN ('done', 'dead') THEN now() END,
@@ -62,7 +68,10 @@ UPDATE outbox AS o
        last_error = CASE v.outcome WHEN 'done' THEN NULL WHEN 'release' THEN o.last_error ELSE v.error END
   FROM unnest($1::int8[], $2::text[], $3::int8[], $4::text[]) AS v(id, outcome, delay_ms, error)
  WHERE o.id = v.id AND o.lease_owner = $5 AND o.status = 'pending'
-RETURNING o.id, o.status, extract(epoch FROM now() - o.created_at)::float8";
+RETURNING o.id, o.status, extract(epoch FROM now() - o.created_at)::float8",
+    // ids, outcomes, delays (ms), errors, lease owner
+    &[Type::INT8_ARRAY, Type::TEXT_ARRAY, Type::INT8_ARRAY, Type::TEXT_ARRAY, Type::TEXT],
+);
 
 /// A claimed row: what to send, and where it belongs in its event's trace.
 #[derive(Debug, Clone)]
@@ -106,14 +115,13 @@ pub struct Recorded {
 }
 
 pub async fn claim_due_batch(
-    client: &deadpool_postgres::Client,
+    client: &db::Client,
     limit: i64,
     owner: &str,
     lease: Duration,
 ) -> Result<Vec<ClaimedRow>, tokio_postgres::Error> {
-    let statement = client.prepare_cached(CLAIM).await?;
     let lease_ms = lease.as_millis() as i64;
-    let rows = client.query(&statement, &[&limit, &owner, &lease_ms]).await?;
+    let rows = CLAIM.query(client, &[&limit, &owner, &lease_ms]).await?;
     let mut claimed: Vec<ClaimedRow> = rows
         .into_iter()
         .map(|r| ClaimedRow {
@@ -133,14 +141,13 @@ pub async fn claim_due_batch(
 /// Records a batch of outcomes, fenced on `owner`. Rows this relay no longer
 /// holds are skipped (and absent from the result).
 pub async fn record_outcomes(
-    client: &deadpool_postgres::Client,
+    client: &db::Client,
     owner: &str,
     outcomes: &[(i64, Completion)],
 ) -> Result<Vec<Recorded>, tokio_postgres::Error> {
     if outcomes.is_empty() {
         return Ok(Vec::new());
     }
-    let statement = client.prepare_cached(COMPLETE).await?;
     let mut ids = Vec::with_capacity(outcomes.len());
     let mut kinds = Vec::with_capacity(outcomes.len());
     let mut delays = Vec::with_capacity(outcomes.len());
@@ -163,8 +170,8 @@ pub async fn record_outcomes(
             }
         }
     }
-    let rows = client
-        .query(&statement, &[&ids, &kinds, &delays, &errors, &owner])
+    let rows = COMPLETE
+        .query(client, &[&ids, &kinds, &delays, &errors, &owner])
         .await?;
     Ok(rows
         .into_iter()
@@ -185,18 +192,18 @@ pub struct Backlog {
     pub due: i64,
 }
 
+const BACKLOG: Sql = Sql::new(
+    "SELECT count(*),
+            coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8,
+            (SELECT count(*) FROM outbox WHERE status = 'dead'),
+            count(*) FILTER (WHERE available_at <= now() AND (leased_until IS NULL OR leased_until <= now()))
+       FROM outbox WHERE status = 'pending'",
+    &[],
+);
+
 /// Counts for the gauges: served by the partial indexes, cheap at any size of history.
-pub async fn backlog(client: &impl GenericClient) -> Result<Backlog, tokio_postgres::Error> {
-    let row = client
-        .query_one(
-            "SELECT count(*),
-                    coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8,
-                    (SELECT count(*) FROM outbox WHERE status = 'dead'),
-                    count(*) FILTER (WHERE available_at <= now() AND (leased_until IS NULL OR leased_until <= now()))
-               FROM outbox WHERE status = 'pending'",
-            &[],
-        )
-        .await?;
+pub async fn backlog(client: &(impl Executor + ?Sized)) -> Result<Backlog, tokio_postgres::Error> {
+    let row = BACKLOG.query_one(client, &[]).await?;
     Ok(Backlog {
         pending: row.get(0),
         oldest_pending_age_seconds: row.get(1),
@@ -217,15 +224,15 @@ pub struct DeadRow {
     pub event_id: String,
 }
 
-pub async fn dead_rows(client: &impl GenericClient) -> Result<Vec<DeadRow>, tokio_postgres::Error> {
-    let rows = client
-        .query(
-            "SELECT id, kind, idempotency_key, attempts, last_error,
-                    extract(epoch FROM now() - created_at)::float8, event_id
-               FROM outbox WHERE status = 'dead' ORDER BY id",
-            &[],
-        )
-        .await?;
+const DEAD_ROWS: Sql = Sql::new(
+    "SELECT id, kind, idempotency_key, attempts, last_error,
+            extract(epoch FROM now() - created_at)::float8, event_id
+       FROM outbox WHERE status = 'dead' ORDER BY id",
+    &[],
+);
+
+pub async fn dead_rows(client: &(impl Executor + ?Sized)) -> Result<Vec<DeadRow>, tokio_postgres::Error> {
+    let rows = DEAD_ROWS.query(client, &[]).await?;
     Ok(rows
         .into_iter()
         .map(|r| DeadRow {
@@ -240,37 +247,37 @@ pub async fn dead_rows(client: &impl GenericClient) -> Result<Vec<DeadRow>, toki
         .collect())
 }
 
+const REQUEUE_DEAD: Sql = Sql::new(
+    "WITH requeued AS (
+         UPDATE outbox SET status = 'pending', available_at = now(), attempts = 0,
+                           lease_owner = NULL, leased_until = NULL, finished_at = NULL
+          WHERE status = 'dead' AND ($1::int8 IS NULL OR id = $1)
+         RETURNING id)
+     SELECT count(*), (SELECT count(pg_notify('outbox_pending', '')) FROM (SELECT 1 FROM requeued LIMIT 1) n)
+       FROM requeued",
+    &[Type::INT8],
+);
+
 /// Dead rows back to pending, due now, attempts reset; `None` requeues all.
 /// Notifies the relays in the same transaction.
 pub async fn requeue_dead(
-    client: &impl GenericClient,
+    client: &(impl Executor + ?Sized),
     id: Option<i64>,
 ) -> Result<u64, tokio_postgres::Error> {
-    let rows = client
-        .query(
-            "WITH requeued AS (
-                 UPDATE outbox SET status = 'pending', available_at = now(), attempts = 0,
-                                   lease_owner = NULL, leased_until = NULL, finished_at = NULL
-                  WHERE status = 'dead' AND ($1::int8 IS NULL OR id = $1)
-                 RETURNING id)
-             SELECT count(*), (SELECT count(pg_notify('outbox_pending', '')) FROM (SELECT 1 FROM requeued LIMIT 1) n)
-               FROM requeued",
-            &[&id],
-        )
-        .await?;
+    let rows = REQUEUE_DEAD.query(client, &[&id]).await?;
     Ok(rows.first().map_or(0, |r| r.get::<_, i64>(0) as u64))
 }
 
+const COUNTS_BY_STATUS_AND_KIND: Sql = Sql::new(
+    "SELECT status, kind, count(*) FROM outbox GROUP BY status, kind ORDER BY status, kind",
+    &[],
+);
+
 /// Rows by status and kind.
 pub async fn counts_by_status_and_kind(
-    client: &impl GenericClient,
+    client: &(impl Executor + ?Sized),
 ) -> Result<Vec<(String, String, i64)>, tokio_postgres::Error> {
-    let rows = client
-        .query(
-            "SELECT status, kind, count(*) FROM outbox GROUP BY status, kind ORDER BY status, kind",
-            &[],
-        )
-        .await?;
+    let rows = COUNTS_BY_STATUS_AND_KIND.query(client, &[]).await?;
     Ok(rows.into_iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect())
 }
 
@@ -281,6 +288,37 @@ pub const PRUNE_BATCH: i64 = 1000;
 /// Advisory lock key of the pruner: one replica prunes at a time.
 const PRUNE_LOCK: i64 = 0x5052_554e_4552_0001;
 
+/// One batch of done and cancelled outbox rows past the retention, deleted
+/// under the pruner's lock. The lock is a transaction lock taken by the
+/// statement itself (its own transaction), so it needs no session: it works
+/// through a transaction-mode pooler, and is never left behind by a pruner
+/// that died. Returns whether the lock was had, and the rows deleted.
+const PRUNE_OUTBOX: Sql = Sql::new(
+    "WITH lock AS (SELECT pg_try_advisory_xact_lock($3) AS held),
+          pruned AS (
+              DELETE FROM outbox WHERE (SELECT held FROM lock) AND id IN (
+                  SELECT id FROM outbox
+                   WHERE status IN ('done', 'cancelled') AND finished_at < now() - $1 * interval '1 day'
+                   ORDER BY finished_at LIMIT $2)
+              RETURNING 1)
+     SELECT (SELECT held FROM lock), (SELECT count(*) FROM pruned)",
+    // retention in days, batch size, lock key
+    &[Type::FLOAT8, Type::INT8, Type::INT8],
+);
+
+/// The same for processed events: once gone, a redelivery would be new.
+const PRUNE_EVENTS: Sql = Sql::new(
+    "WITH lock AS (SELECT pg_try_advisory_xact_lock($3) AS held),
+          pruned AS (
+              DELETE FROM processed_events WHERE (SELECT held FROM lock) AND event_id IN (
+                  SELECT event_id FROM processed_events
+                   WHERE processed_at < now() - $1 * interval '1 day'
+                   ORDER BY processed_at LIMIT $2)
+              RETURNING 1)
+     SELECT (SELECT held FROM lock), (SELECT count(*) FROM pruned)",
+    &[Type::FLOAT8, Type::INT8, Type::INT8],
+);
+
 #[derive(Debug, Default, Clone, Copy, serde::Serialize)]
 pub struct Pruned {
     pub outbox_rows: u64,
@@ -290,65 +328,62 @@ pub struct Pruned {
 }
 
 /// Deletes done/cancelled outbox rows and processed events older than the
-/// retention, in batches of [`PRUNE_BATCH`], under a try-lock.
+/// retention, in batches of [`PRUNE_BATCH`], each its own short transaction
+/// under the pruner's lock. A replica that finds the lock taken stops: one
+/// replica prunes at a time, and none waits for another.
 pub async fn prune(
-    client: &tokio_postgres::Client,
-    retention_days: u32,
-) -> Result<Pruned, tokio_postgres::Error> {
-    let locked: bool = client
-        .query_one("SELECT pg_try_advisory_lock($1)", &[&PRUNE_LOCK])
-        .await?
-        .get(0);
-    if !locked {
-        return Ok(Pruned::default());
-    }
-    let result = prune_locked(client, retention_days).await;
-    let _ = client
-        .execute("SELECT pg_advisory_unlock($1)", &[&PRUNE_LOCK])
-        .await;
-    result
-}
-
-async fn prune_locked(
-    client: &tokio_postgres::Client,
+    client: &(impl Executor + ?Sized),
     retention_days: u32,
 ) -> Result<Pruned, tokio_postgres::Error> {
     let days = f64::from(retention_days);
-    let outbox = client
-        .prepare(
-            "DELETE FROM outbox WHERE id IN (
-                 SELECT id FROM outbox
-                  WHERE status IN ('done', 'cancelled') AND finished_at < now() - $1 * interval '1 day'
-                  ORDER BY finished_at LIMIT $2)",
-        )
-        .await?;
-    let events = client
-        .prepare(
-            "DELETE FROM processed_events WHERE event_id IN (
-                 SELECT event_id FROM processed_events
-                  WHERE processed_at < now() - $1 * interval '1 day'
-                  ORDER BY processed_at LIMIT $2)",
-        )
-        .await?;
-    let mut pruned = Pruned {
-        ran: true,
-        ..Pruned::default()
+    let outbox = in_batches(client, &PRUNE_OUTBOX, days).await?;
+    let events = match outbox {
+        Batches::Finished { .. } => in_batches(client, &PRUNE_EVENTS, days).await?,
+        Batches::LockedOut { .. } => Batches::LockedOut { deleted: 0 },
     };
-    loop {
-        let n = client.execute(&outbox, &[&days, &PRUNE_BATCH]).await?;
-        pruned.outbox_rows += n;
-        if n < PRUNE_BATCH as u64 {
-            break;
+    Ok(Pruned {
+        outbox_rows: outbox.deleted(),
+        processed_events: events.deleted(),
+        // Anything deleted, or the lock at least once.
+        ran: outbox != Batches::LockedOut { deleted: 0 },
+    })
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Batches {
+    /// Every row past the retention is gone.
+    Finished { deleted: u64 },
+    /// Another replica held the lock at some batch: it carries on, we stop.
+    LockedOut { deleted: u64 },
+}
+
+impl Batches {
+    fn deleted(self) -> u64 {
+        match self {
+            Self::Finished { deleted } | Self::LockedOut { deleted } => deleted,
         }
     }
+}
+
+async fn in_batches(
+    client: &(impl Executor + ?Sized),
+    statement: &Sql,
+    days: f64,
+) -> Result<Batches, tokio_postgres::Error> {
+    let mut deleted = 0;
     loop {
-        let n = client.execute(&events, &[&days, &PRUNE_BATCH]).await?;
-        pruned.processed_events += n;
+        let row = statement
+            .query_one(client, &[&days, &PRUNE_BATCH, &PRUNE_LOCK])
+            .await?;
+        if !row.get::<_, bool>(0) {
+            return Ok(Batches::LockedOut { deleted });
+        }
+        let n = row.get::<_, i64>(1) as u64;
+        deleted += n;
         if n < PRUNE_BATCH as u64 {
-            break;
+            return Ok(Batches::Finished { deleted });
         }
     }
-    Ok(pruned)
 }
 
 /// What `audit` reports from the database, over a window.
@@ -368,36 +403,37 @@ pub struct Audit {
     pub double_enqueued: i64,
 }
 
-pub async fn audit(client: &impl GenericClient, since: Duration) -> Result<Audit, tokio_postgres::Error> {
+/// Events first processed in the window (`$1` seconds): how many, and their deliveries.
+const AUDIT_TOTALS: Sql = Sql::new(
+    "SELECT count(*), coalesce(sum(deliveries), 0)::int8
+       FROM processed_events WHERE processed_at >= now() - $1 * interval '1 second'",
+    &[Type::FLOAT8],
+);
+
+const AUDIT_BY_STATUS: Sql = Sql::new(
+    "SELECT status, count(*) FROM processed_events
+      WHERE processed_at >= now() - $1 * interval '1 second' GROUP BY status ORDER BY status",
+    &[Type::FLOAT8],
+);
+
+const AUDIT_COMMANDS: Sql = Sql::new(
+    "SELECT kind, status, count(*) FROM outbox
+      WHERE created_at >= now() - $1 * interval '1 second' GROUP BY kind, status ORDER BY kind, status",
+    &[Type::FLOAT8],
+);
+
+const AUDIT_DOUBLED: Sql = Sql::new(
+    "SELECT count(*) FROM (SELECT 1 FROM outbox WHERE created_at >= now() - $1 * interval '1 second'
+                             GROUP BY kind, order_id HAVING count(*) > 1) d",
+    &[Type::FLOAT8],
+);
+
+pub async fn audit(client: &(impl Executor + ?Sized), since: Duration) -> Result<Audit, tokio_postgres::Error> {
     let secs = since.as_secs_f64();
-    let totals = client
-        .query_one(
-            "SELECT count(*), coalesce(sum(deliveries), 0)::int8
-               FROM processed_events WHERE processed_at >= now() - $1 * interval '1 second'",
-            &[&secs],
-        )
-        .await?;
-    let by_status = client
-        .query(
-            "SELECT status, count(*) FROM processed_events
-              WHERE processed_at >= now() - $1 * interval '1 second' GROUP BY status ORDER BY status",
-            &[&secs],
-        )
-        .await?;
-    let commands = client
-        .query(
-            "SELECT kind, status, count(*) FROM outbox
-              WHERE created_at >= now() - $1 * interval '1 second' GROUP BY kind, status ORDER BY kind, status",
-            &[&secs],
-        )
-        .await?;
-    let doubled = client
-        .query_one(
-            "SELECT count(*) FROM (SELECT 1 FROM outbox WHERE created_at >= now() - $1 * interval '1 second'
-                                     GROUP BY kind, order_id HAVING count(*) > 1) d",
-            &[&secs],
-        )
-        .await?;
+    let totals = AUDIT_TOTALS.query_one(client, &[&secs]).await?;
+    let by_status = AUDIT_BY_STATUS.query(client, &[&secs]).await?;
+    let commands = AUDIT_COMMANDS.query(client, &[&secs]).await?;
+    let doubled = AUDIT_DOUBLED.query_one(client, &[&secs]).await?;
     let distinct_events: i64 = totals.get(0);
     let deliveries: i64 = totals.get(1);
     Ok(Audit {
@@ -409,4 +445,29 @@ pub async fn audit(client: &impl GenericClient, since: Duration) -> Result<Audit
         commands: commands.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect(),
         double_enqueued: doubled.get(0),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_statement_declares_a_type_per_parameter() {
+        for sql in [
+            &CLAIM,
+            &COMPLETE,
+            &BACKLOG,
+            &DEAD_ROWS,
+            &REQUEUE_DEAD,
+            &COUNTS_BY_STATUS_AND_KIND,
+            &PRUNE_OUTBOX,
+            &PRUNE_EVENTS,
+            &AUDIT_TOTALS,
+            &AUDIT_BY_STATUS,
+            &AUDIT_COMMANDS,
+            &AUDIT_DOUBLED,
+        ] {
+            assert_eq!(sql.placeholders(), sql.types.len(), "{}", sql.text);
+        }
+    }
 }

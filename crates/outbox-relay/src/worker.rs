@@ -51,7 +51,7 @@ pub struct LoopHealth {
 }
 
 pub struct Relay {
-    pool: deadpool_postgres::Pool,
+    pool: db::Pool,
     http: reqwest::Client,
     endpoints: Endpoints,
     policy: RetryPolicy,
@@ -73,7 +73,7 @@ struct Finished {
 
 impl Relay {
     pub fn new(
-        pool: deadpool_postgres::Pool,
+        pool: db::Pool,
         config: RelayConfig,
         metrics: RelayMetrics,
     ) -> anyhow::Result<Self> {

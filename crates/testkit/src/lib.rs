@@ -4,13 +4,17 @@
 //! # Layout
 //! - [`TestDb`]: a fresh database per test, cloned from a template migrated
 //!   once per migration set (creating one costs a file copy, not a migration).
+//!   The test itself connects as the cluster's superuser; the services under
+//!   test log in as members of their own roles ([`Role`], [`TestDb::url_as`]).
 //! - [`PrivateCluster`]: a cluster of a test's own, to stop and start without
-//!   disturbing the tests running beside it.
+//!   disturbing the tests running beside it, or to serve TLS.
+//! - [`PgBouncer`]: a transaction-mode pooler in front of a cluster.
 //! - [`bin`]: the workspace's built binaries, for tests that run processes.
 #![forbid(unsafe_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use anyhow::Context as _;
@@ -65,6 +69,157 @@ pub fn url_with_dbname(url: &str, dbname: &str) -> String {
     out
 }
 
+/// `url` logging in as `user` with `password` instead of its own credentials.
+pub fn url_with_user(url: &str, user: &str, password: &str) -> String {
+    let scheme_end = url.find("://").map_or(0, |i| i + 3);
+    let rest = &url[scheme_end..];
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let host = match rest[..authority_end].rfind('@') {
+        Some(at) => &rest[at + 1..],
+        None => rest,
+    };
+    format!("{}{user}:{password}@{host}", &url[..scheme_end])
+}
+
+/// `url` reaching `127.0.0.1:port` (a pooler, say) instead of its own host
+/// and port; user, database and parameters unchanged.
+pub fn url_with_port(url: &str, port: u16) -> String {
+    let scheme_end = url.find("://").map_or(0, |i| i + 3);
+    let rest = &url[scheme_end..];
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (userinfo, _) = match rest[..authority_end].rfind('@') {
+        Some(at) => (&rest[..=at], &rest[at + 1..authority_end]),
+        None => ("", &rest[..authority_end]),
+    };
+    format!(
+        "{}{userinfo}127.0.0.1:{port}{}",
+        &url[..scheme_end],
+        &rest[authority_end..]
+    )
+}
+
+/// The port a URL connects to (5432 when it names none).
+pub fn port_of(url: &str) -> u16 {
+    let config: tokio_postgres::Config = url.parse().expect("a postgres URL");
+    config.get_ports().first().copied().unwrap_or(5432)
+}
+
+/// The services' group roles (`migrations/V2__roles.sql`), each with the
+/// login user tests connect as. Roles are cluster-wide: the users are
+/// created once per cluster, by whichever test process gets there first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// `webhook_ingest`: what the ingest needs, nothing else.
+    Ingest,
+    /// `outbox_relay`: what the relay and its operator commands need.
+    Relay,
+    /// `outbox_monitor`: the KEDA trigger's count of due rows.
+    Monitor,
+}
+
+/// The test users' password: irrelevant on the throwaway cluster (trust),
+/// needed on a `DATABASE_URL` server that checks passwords.
+pub const ROLE_PASSWORD: &str = "webhook_test";
+
+impl Role {
+    pub const ALL: [Role; 3] = [Role::Ingest, Role::Relay, Role::Monitor];
+
+    /// The NOLOGIN group the migration grants to.
+    pub fn group(self) -> &'static str {
+        match self {
+            Self::Ingest => "webhook_ingest",
+            Self::Relay => "outbox_relay",
+            Self::Monitor => "outbox_monitor",
+        }
+    }
+
+    /// The LOGIN user tests connect as, a member of [`Role::group`].
+    pub fn login(self) -> &'static str {
+        match self {
+            Self::Ingest => "webhook_test_ingest",
+            Self::Relay => "webhook_test_relay",
+            Self::Monitor => "webhook_test_monitor",
+        }
+    }
+
+    /// Role-level settings, as deploy/sql/roles.sql recommends: what bounds
+    /// statements when no startup options can (a transaction-mode pooler).
+    fn settings(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            Self::Ingest => &[
+                ("statement_timeout", "5s"),
+                ("client_connection_check_interval", "250ms"),
+            ],
+            Self::Relay => &[("statement_timeout", "30s"), ("synchronous_commit", "off")],
+            Self::Monitor => &[
+                ("statement_timeout", "5s"),
+                ("default_transaction_read_only", "on"),
+            ],
+        }
+    }
+
+    /// Creates the group (when no migration did yet) and the login user,
+    /// unless they exist. Safe against a concurrent run of itself: a
+    /// creation that loses the race is a no-op.
+    fn ensure_sql(self) -> String {
+        let (group, login) = (self.group(), self.login());
+        let settings: String = self
+            .settings()
+            .iter()
+            .map(|(k, v)| format!("ALTER ROLE {login} SET {k} = '{v}';\n"))
+            .collect();
+        format!(
+            "DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{group}') THEN
+        BEGIN
+            CREATE ROLE {group} NOLOGIN;
+        EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
+        END;
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{login}') THEN
+        BEGIN
+            CREATE ROLE {login} LOGIN PASSWORD '{ROLE_PASSWORD}' IN ROLE {group};
+            {settings}
+        EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
+        END;
+    END IF;
+END
+$$;"
+        )
+    }
+}
+
+/// Clusters (host:port) whose login users this process has ensured.
+static ROLES_ENSURED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// Makes sure the login users of every [`Role`] exist in the cluster `client`
+/// is connected to (`url` names it); once per cluster and process.
+async fn ensure_login_roles(client: &tokio_postgres::Client, url: &str) -> anyhow::Result<()> {
+    let cluster = url_with_dbname(&url_with_user(url, "", ""), "");
+    if ROLES_ENSURED.lock().unwrap().contains(&cluster) {
+        return Ok(());
+    }
+    for role in Role::ALL {
+        client
+            .batch_execute(&role.ensure_sql())
+            .await
+            .with_context(|| format!("creating the test user {}", role.login()))?;
+    }
+    ROLES_ENSURED.lock().unwrap().push(cluster);
+    Ok(())
+}
+
+/// `url` (a superuser's, to any database) logging in as `role`'s test user
+/// instead, which is created first if the cluster has none yet.
+pub async fn login_url(url: &str, role: Role) -> String {
+    let client = TestDb::connect_url(url).await;
+    ensure_login_roles(&client, url)
+        .await
+        .expect("creating the test users");
+    url_with_user(url, role.login(), ROLE_PASSWORD)
+}
+
 /// FNV-1a: a hash that stays the same across builds and toolchains.
 fn fnv1a(bytes: &[u8], mut hash: u64) -> u64 {
     for b in bytes {
@@ -95,7 +250,8 @@ static COUNTER: AtomicU32 = AtomicU32::new(0);
 /// A fresh, migrated database, dropped when the test ends.
 pub struct TestDb {
     pub name: String,
-    /// URL of this database (for the services under test).
+    /// URL of this database as the cluster's superuser: for the test's own
+    /// set-up and inspection. The services get [`TestDb::url_as`].
     pub url: String,
     admin_url: String,
 }
@@ -112,6 +268,9 @@ impl TestDb {
         ensure_template(&client, &admin, &template)
             .await
             .expect("creating the template database");
+        ensure_login_roles(&client, &admin_url)
+            .await
+            .expect("creating the test users");
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
@@ -143,6 +302,9 @@ impl TestDb {
             std::process::id(),
             COUNTER.fetch_add(1, Ordering::Relaxed)
         );
+        ensure_login_roles(&client, &admin_url)
+            .await
+            .expect("creating the test users");
         client
             .batch_execute(&format!("DROP DATABASE IF EXISTS {name}"))
             .await
@@ -162,6 +324,12 @@ impl TestDb {
             .connect("test")
             .await
             .expect("connecting")
+    }
+
+    /// URL of this database for a service: logging in as `role`'s test user,
+    /// with exactly the privileges the migrations grant that role.
+    pub fn url_as(&self, role: Role) -> String {
+        url_with_user(&self.url, role.login(), ROLE_PASSWORD)
     }
 
     pub fn database(&self) -> db::Database {
@@ -255,24 +423,41 @@ async fn ensure_template(
 pub struct PrivateCluster {
     dir: PathBuf,
     port: u16,
+    /// Server certificate and key, when it serves TLS.
+    tls: Option<(PathBuf, PathBuf)>,
 }
 
 impl PrivateCluster {
     pub fn start() -> anyhow::Result<Self> {
+        Self::start_with(None)
+    }
+
+    /// A cluster serving TLS with this certificate and key (PEM files) as
+    /// well as plain connections: clients choose with `sslmode`.
+    pub fn start_with_tls(cert: &Path, key: &Path) -> anyhow::Result<Self> {
+        Self::start_with(Some((cert.to_owned(), key.to_owned())))
+    }
+
+    fn start_with(tls: Option<(PathBuf, PathBuf)>) -> anyhow::Result<Self> {
         let port = free_port();
         let dir = std::env::temp_dir().join(format!("webhook-pg-private-{}-{port}", std::process::id()));
-        let cluster = Self { dir, port };
+        let cluster = Self { dir, port, tls };
         cluster.run("start")?;
         Ok(cluster)
     }
 
     fn run(&self, verb: &str) -> anyhow::Result<()> {
-        let out = Command::new(workspace_root().join("scripts/pg-cluster.sh"))
+        let mut command = Command::new(workspace_root().join("scripts/pg-cluster.sh"));
+        command
             .arg(verb)
             .env("PG_CLUSTER_DIR", &self.dir)
-            .env("PG_CLUSTER_PORT", self.port.to_string())
-            .output()
-            .context("running scripts/pg-cluster.sh")?;
+            .env("PG_CLUSTER_PORT", self.port.to_string());
+        if let Some((cert, key)) = &self.tls {
+            command
+                .env("PG_CLUSTER_SSL_CERT", cert)
+                .env("PG_CLUSTER_SSL_KEY", key);
+        }
+        let out = command.output().context("running scripts/pg-cluster.sh")?;
         anyhow::ensure!(
             out.status.success(),
             "scripts/pg-cluster.sh {verb}: {}",
@@ -312,6 +497,64 @@ impl PrivateCluster {
 impl Drop for PrivateCluster {
     fn drop(&mut self) {
         let _ = self.run("stop");
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// PgBouncer 1.18 in transaction mode (`scripts/pgbouncer.sh`, which installs
+/// it when missing) in front of the cluster on 127.0.0.1:`upstream_port`,
+/// with few server connections per database and user, so that clients are
+/// multiplexed for real. Stopped on drop.
+pub struct PgBouncer {
+    dir: PathBuf,
+    port: u16,
+}
+
+impl PgBouncer {
+    /// Lets the test users of every [`Role`] through (they must exist:
+    /// [`TestDb::new`] or [`login_url`] made them).
+    pub fn start(upstream_port: u16) -> anyhow::Result<Self> {
+        let port = free_port();
+        let dir = std::env::temp_dir().join(format!("webhook-pgbouncer-{}-{port}", std::process::id()));
+        let users: Vec<&str> = Role::ALL.iter().map(|r| r.login()).collect();
+        let bouncer = Self { dir, port };
+        let out = Command::new(workspace_root().join("scripts/pgbouncer.sh"))
+            .arg("start")
+            .env("PGBOUNCER_DIR", &bouncer.dir)
+            .env("PGBOUNCER_PORT", port.to_string())
+            .env("PGBOUNCER_UPSTREAM_PORT", upstream_port.to_string())
+            .env("PGBOUNCER_USERS", users.join(" "))
+            .output()
+            .context("running scripts/pgbouncer.sh")?;
+        anyhow::ensure!(
+            out.status.success(),
+            "scripts/pgbouncer.sh start: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(bouncer)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `url` (to the upstream) through the pooler: same user and database.
+    pub fn url(&self, url: &str) -> String {
+        url_with_port(url, self.port)
+    }
+
+    /// Its log: connections, and errors the clients saw.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("pgbouncer.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for PgBouncer {
+    fn drop(&mut self) {
+        let _ = Command::new(workspace_root().join("scripts/pgbouncer.sh"))
+            .arg("stop")
+            .env("PGBOUNCER_DIR", &self.dir)
+            .output();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -367,5 +610,20 @@ mod tests {
             url_with_dbname("postgres://u:p@h/db?sslmode=disable", "x"),
             "postgres://u:p@h/x?sslmode=disable"
         );
+    }
+
+    #[test]
+    fn user_and_port_replacement() {
+        assert_eq!(
+            url_with_user("postgres://postgres@127.0.0.1:5/db?sslmode=require", "a", "b"),
+            "postgres://a:b@127.0.0.1:5/db?sslmode=require"
+        );
+        assert_eq!(url_with_user("postgres://h/db", "a", "b"), "postgres://a:b@h/db");
+        assert_eq!(
+            url_with_port("postgres://a:b@localhost:5/db?x=1", 7),
+            "postgres://a:b@127.0.0.1:7/db?x=1"
+        );
+        assert_eq!(url_with_port("postgres://h", 7), "postgres://127.0.0.1:7");
+        assert_eq!(port_of("postgres://a@h:6543/db"), 6543);
     }
 }

@@ -79,6 +79,18 @@ pub struct Settings {
           value_parser = clap::value_parser!(u32).range(1..=1000), global = true)]
     pub database_pool_size: u32,
 
+    /// How DATABASE_URL reaches Postgres: `session` (directly, or a session-mode pooler: statements
+    /// prepared once per connection) or `transaction` (PgBouncer with pool_mode = transaction:
+    /// unnamed statements, and statement_timeout from the role, ALTER ROLE ... SET).
+    #[arg(
+        long,
+        env = "DATABASE_POOL_MODE",
+        value_enum,
+        default_value = "session",
+        global = true
+    )]
+    pub database_pool_mode: db::PoolMode,
+
     /// Webhook traffic only.
     #[arg(
         long,
@@ -141,7 +153,9 @@ impl Settings {
             .database_url
             .as_deref()
             .ok_or("DATABASE_URL is required (postgres://user@host:port/db)")?;
-        db::Database::parse(url).map_err(|e| format!("DATABASE_URL {e}"))
+        db::Database::parse(url)
+            .map(|database| database.with_pool_mode(self.database_pool_mode))
+            .map_err(|e| format!("DATABASE_URL {e}"))
     }
 
     /// The verifier from `WEBHOOK_SIGNATURE_SCHEME` and `WEBHOOK_SECRETS`.

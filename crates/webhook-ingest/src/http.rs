@@ -24,7 +24,7 @@ use crate::storage::{self, Recorded};
 pub const REPLAYED_HEADER: &str = "Idempotent-Replayed";
 
 pub struct AppState {
-    pub pool: deadpool_postgres::Pool,
+    pub pool: db::Pool,
     pub verifier: signature::Verifier,
     pub deadline: Duration,
     pub metrics: IngestMetrics,
@@ -164,7 +164,7 @@ async fn process(
             // The statement may still be running: take the connection out of
             // the pool and close it, so the server cancels and rolls back
             // (client_connection_check_interval) instead of committing later.
-            drop(deadpool_postgres::Object::take(client));
+            client.discard();
             Err(IngestError::Deadline)
         }
     }

@@ -22,7 +22,7 @@ pub struct Application {
     server: actix_web::dev::Server,
     port: u16,
     admin: AdminServer,
-    pool: deadpool_postgres::Pool,
+    pool: db::Pool,
 }
 
 impl Application {
@@ -117,7 +117,7 @@ impl Application {
 }
 
 /// `/readyz`: the database answers and its schema is the one this binary needs.
-fn readiness(pool: deadpool_postgres::Pool) -> Readiness {
+fn readiness(pool: db::Pool) -> Readiness {
     Arc::new(move || {
         let pool = pool.clone();
         Box::pin(async move { db::ready::check(&pool).await })

@@ -15,8 +15,9 @@
 //! for each possible order state up front and passed in as arrays indexed by
 //! state; the statement picks the entry for the state it finds under lock.
 
+use db::{Executor, Sql};
 use domain::{CommandKind, EventKind, OrderStatus, PAYLOAD_VERSION, ProviderEvent, transition};
-use tokio_postgres::GenericClient;
+use tokio_postgres::types::Type;
 
 /// The channel the relay `LISTEN`s on.
 pub const NOTIFY_CHANNEL: &str = "outbox_pending";
@@ -29,7 +30,8 @@ const STATES: [Option<OrderStatus>; 4] = [
     Some(OrderStatus::Refunded),
 ];
 
-const RECORD_EVENT: &str = r#"
+const RECORD_EVENT: Sql = Sql::new(
+    r#"
 WITH ord AS (
     SELECT id, status FROM orders WHERE payment_id = $3 FOR UPDATE
 ), st AS (
@@ -84,7 +86,23 @@ SELECT claim.claimed,
        -- Delivered to listeners at commit, and only if it commits.
        (SELECT count(pg_notify('outbox_pending', '')) FROM (SELECT 1 FROM enqueued LIMIT 1) AS any_row)::int4
 FROM claim
-"#;
+"#,
+    &[
+        Type::TEXT,       // $1 event id
+        Type::TEXT,       // $2 event type
+        Type::TEXT,       // $3 payment id
+        Type::TEXT_ARRAY, // $4 outcome per state
+        Type::TEXT_ARRAY, // $5 new order status per state
+        Type::INT4_ARRAY, // $6 enqueue mask per state
+        Type::BOOL_ARRAY, // $7 cancel the unsent shipment, per state
+        Type::TEXT,       // $8 the raw body (stored as jsonb)
+        Type::TEXT,       // $9 traceparent
+        Type::INT4,       // $10 payload version
+        Type::TEXT_ARRAY, // $11 command kinds
+        Type::TEXT_ARRAY, // $12 their key prefixes
+        Type::TEXT,       // $13 the shipment's key prefix
+    ],
+);
 
 /// What happened to one delivery.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -135,19 +153,19 @@ fn kind_bit(kind: CommandKind) -> i32 {
 }
 
 /// Claims and applies one verified event; see the module documentation.
+/// One round trip in either pool mode (see [`db::sql`]).
 pub async fn record_event(
-    client: &deadpool_postgres::Client,
+    client: &db::Client,
     event: &ProviderEvent,
     raw_body: &str,
     trace_context: Option<&str>,
 ) -> Result<Recorded, tokio_postgres::Error> {
-    let statement = client.prepare_cached(RECORD_EVENT).await?;
     let plan = plan(event.kind);
     let kinds: Vec<&str> = CommandKind::ALL.iter().map(|k| k.as_str()).collect();
     let prefixes: Vec<&str> = CommandKind::ALL.iter().map(|k| k.key_prefix()).collect();
-    let row = client
+    let row = RECORD_EVENT
         .query_one(
-            &statement,
+            client,
             &[
                 &event.id,
                 &event.event_type,
@@ -187,22 +205,22 @@ pub struct EventRow {
     pub payload: Option<serde_json::Value>,
 }
 
+const LIST_EVENTS: Sql = Sql::new(
+    "SELECT event_id, event_type, status, processed_at, deliveries, order_id, payload
+       FROM processed_events
+      WHERE $1::text IS NULL OR status = $1
+      ORDER BY processed_at DESC, event_id
+      LIMIT $2",
+    &[Type::TEXT, Type::INT8],
+);
+
 /// Recorded events, newest first, optionally of one status.
 pub async fn list_events(
-    client: &impl GenericClient,
+    client: &(impl Executor + ?Sized),
     status: Option<&str>,
     limit: i64,
 ) -> Result<Vec<EventRow>, tokio_postgres::Error> {
-    let rows = client
-        .query(
-            "SELECT event_id, event_type, status, processed_at, deliveries, order_id, payload
-               FROM processed_events
-              WHERE $1::text IS NULL OR status = $1
-              ORDER BY processed_at DESC, event_id
-              LIMIT $2",
-            &[&status, &limit],
-        )
-        .await?;
+    let rows = LIST_EVENTS.query(client, &[&status, &limit]).await?;
     Ok(rows
         .into_iter()
         .map(|r| EventRow {
@@ -246,6 +264,17 @@ mod tests {
 
     #[test]
     fn the_statement_notifies_the_relays_channel() {
-        assert!(RECORD_EVENT.contains(&format!("pg_notify('{NOTIFY_CHANNEL}'")));
+        assert!(
+            RECORD_EVENT
+                .text
+                .contains(&format!("pg_notify('{NOTIFY_CHANNEL}'"))
+        );
+    }
+
+    #[test]
+    fn every_statement_declares_a_type_per_parameter() {
+        for sql in [&RECORD_EVENT, &LIST_EVENTS] {
+            assert_eq!(sql.placeholders(), sql.types.len(), "{}", sql.text);
+        }
     }
 }

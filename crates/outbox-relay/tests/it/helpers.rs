@@ -1,5 +1,7 @@
 //! A fresh database, a simulated downstream, and relays: in process (for
-//! `relay_once`) or as real processes (for signals).
+//! `relay_once`) or as real processes (for signals). Relays log in as a
+//! member of the `outbox_relay` role; the test's own connection (`client`)
+//! is the cluster's superuser.
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -9,12 +11,14 @@ use outbox_relay::config::Cli;
 use outbox_relay::metrics::RelayMetrics;
 use outbox_relay::worker::Relay;
 use simulator::downstream::{DownstreamConfig, RunningDownstream, Stats};
-use testkit::TestDb;
+use testkit::{Role, TestDb};
 
 pub const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
 pub struct Env {
     pub db: TestDb,
+    /// The database as the relay (and its operator commands) log in to it.
+    pub relay_url: String,
     pub client: tokio_postgres::Client,
     pub downstream: RunningDownstream,
     pub http: reqwest::Client,
@@ -34,6 +38,7 @@ pub async fn env_with(config: DownstreamConfig) -> Env {
         .await
         .expect("starting the downstream");
     Env {
+        relay_url: db.url_as(Role::Relay),
         db,
         client,
         downstream,
@@ -52,7 +57,7 @@ impl Env {
         let mut args = vec![
             "outbox-relay",
             "--database-url",
-            &self.db.url,
+            &self.relay_url,
             "--fulfilment-url",
             &url,
             "--email-url",
@@ -154,7 +159,7 @@ impl Env {
     pub fn spawn_relay(&self, env: &[(&str, &str)]) -> RelayProcess {
         let url = self.url();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
-        cmd.env("DATABASE_URL", &self.db.url)
+        cmd.env("DATABASE_URL", &self.relay_url)
             .env("FULFILMENT_URL", &url)
             .env("EMAIL_URL", &url)
             .env("ADMIN_LISTEN_ADDR", "127.0.0.1:0")

@@ -30,7 +30,7 @@ async fn stats_count_by_status_and_kind() {
         )
         .await
         .unwrap();
-    let (ok, out, err) = relay_cli(&env.db.url, &["stats", "--json"]);
+    let (ok, out, err) = relay_cli(&env.relay_url, &["stats", "--json"]);
     assert!(ok, "{err}");
     let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
     assert_eq!(v["pending"], 3);
@@ -49,7 +49,7 @@ async fn stats_count_by_status_and_kind() {
     assert_eq!(find("dead", "ship_order"), Some(1));
     assert_eq!(find("pending", "ship_order"), Some(2));
     assert_eq!(find("pending", "send_confirmation"), Some(1));
-    let (ok, table, _) = relay_cli(&env.db.url, &["stats"]);
+    let (ok, table, _) = relay_cli(&env.relay_url, &["stats"]);
     assert!(ok && table.contains("oldest pending: 9"), "{table}");
 }
 
@@ -63,9 +63,9 @@ async fn requeue_all_and_unknown_ids() {
         )
         .await
         .unwrap();
-    let (ok, _, err) = relay_cli(&env.db.url, &["dead", "requeue", "999999"]);
+    let (ok, _, err) = relay_cli(&env.relay_url, &["dead", "requeue", "999999"]);
     assert!(!ok && err.contains("999999"), "{err}");
-    let (ok, out, err) = relay_cli(&env.db.url, &["dead", "requeue", "--all"]);
+    let (ok, out, err) = relay_cli(&env.relay_url, &["dead", "requeue", "--all"]);
     assert!(ok, "{err}");
     assert!(out.contains("requeued 3"), "{out}");
     assert_eq!(
@@ -97,7 +97,7 @@ async fn prune_deletes_old_finished_rows_and_events_only() {
         )
         .await
         .unwrap();
-    let (ok, out, err) = relay_cli(&env.db.url, &["prune"]);
+    let (ok, out, err) = relay_cli(&env.relay_url, &["prune"]);
     assert!(ok, "{err}");
     assert!(
         out.contains("pruned 2210 outbox row(s) and 1500 processed event(s)"),
@@ -121,7 +121,7 @@ async fn prune_deletes_old_finished_rows_and_events_only() {
         .execute("SELECT pg_advisory_lock($1)", &[&0x5052_554e_4552_0001_i64])
         .await
         .unwrap();
-    let (ok, out, _) = relay_cli(&env.db.url, &["prune"]);
+    let (ok, out, _) = relay_cli(&env.relay_url, &["prune"]);
     assert!(ok && out.contains("another replica"), "{out}");
 }
 
@@ -191,7 +191,7 @@ async fn audit_counts_a_known_workload() {
         )
         .await
         .unwrap();
-    let (ok, out, err) = relay_cli(&env.db.url, &["audit", "--since", "1d", "--json"]);
+    let (ok, out, err) = relay_cli(&env.relay_url, &["audit", "--since", "1d", "--json"]);
     assert!(ok, "{err}");
     let a: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
     assert_eq!(a["distinct_events"], 101);
@@ -212,7 +212,7 @@ async fn audit_counts_a_known_workload() {
     assert_eq!(get("pending"), Some(4.into()));
 
     let (ok, table, _) = relay_cli(
-        &env.db.url,
+        &env.relay_url,
         &["audit", "--since", "1d", "--downstream-stats", &env.url()],
     );
     assert!(ok);
@@ -221,6 +221,6 @@ async fn audit_counts_a_known_workload() {
         "{table}"
     );
     assert!(table.contains("double effects"), "{table}");
-    let (ok, _, err) = relay_cli(&env.db.url, &["audit", "--since", "soon"]);
+    let (ok, _, err) = relay_cli(&env.relay_url, &["audit", "--since", "soon"]);
     assert!(!ok && err.contains("soon"), "{err}");
 }

@@ -105,7 +105,7 @@ async fn a_400_is_dead_at_once_and_requeue_delivers_it() {
 
     let list = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
         .args(["dead", "list", "--json"])
-        .env("DATABASE_URL", &env.db.url)
+        .env("DATABASE_URL", &env.relay_url)
         .output()
         .unwrap();
     assert!(list.status.success(), "{}", String::from_utf8_lossy(&list.stderr));
@@ -119,7 +119,7 @@ async fn a_400_is_dead_at_once_and_requeue_delivers_it() {
 
     let requeue = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
         .args(["dead", "requeue", &id.to_string()])
-        .env("DATABASE_URL", &env.db.url)
+        .env("DATABASE_URL", &env.relay_url)
         .output()
         .unwrap();
     assert!(

@@ -1,4 +1,7 @@
-//! `spawn_app()`: the real application on port 0 against a fresh database.
+//! `spawn_app()`: the real application on port 0 against a fresh database,
+//! logged in as a member of the `webhook_ingest` role, so every test also
+//! proves the role's grants suffice. The test's own connection (`client`:
+//! set-up and inspection) is the cluster's superuser.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -45,10 +48,13 @@ pub async fn spawn_app_with(extra: &[&str]) -> TestApp {
     app
 }
 
-/// The app against a given database URL (a private cluster, an unmigrated database).
+/// The app against a given database (a private cluster, an unmigrated
+/// database): `database_url` is a superuser's; the app logs in as the
+/// ingest's test user of that cluster.
 pub async fn spawn_app_on(database_url: &str, extra: &[&str]) -> TestApp {
     init_test_logs();
-    let mut args = vec!["webhook-ingest", "--database-url", database_url];
+    let app_url = testkit::login_url(database_url, testkit::Role::Ingest).await;
+    let mut args = vec!["webhook-ingest", "--database-url", &app_url];
     if !extra.contains(&"--webhook-secrets") {
         args.extend_from_slice(&["--webhook-secrets", SECRET]);
     }
@@ -68,7 +74,7 @@ pub async fn spawn_app_on(database_url: &str, extra: &[&str]) -> TestApp {
     let admin_url = format!("http://127.0.0.1:{}", app.admin_port());
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(app.run_until_stopped(shutdown.clone()));
-    let client = database.connect("test").await.expect("test connection");
+    let client = TestDb::connect_url(database_url).await;
     TestApp {
         url,
         admin_url,

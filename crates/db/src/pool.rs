@@ -1,0 +1,108 @@
+//! The services' connection pools, and how their connections reach Postgres:
+//! directly (or through a session-mode pooler), or through a transaction-mode
+//! pooler such as PgBouncer with `pool_mode = transaction`
+//! (`DATABASE_POOL_MODE`).
+//!
+//! The mode belongs to the pool, and a pooled [`Client`] carries it, so the
+//! statements run on it ([`crate::Sql`]) are sent the right way without any
+//! caller having to know.
+
+/// How the connections of a pool reach Postgres (`DATABASE_POOL_MODE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum PoolMode {
+    /// Each connection is a server session of its own (a direct connection,
+    /// or a session-mode pooler): statements are prepared once per
+    /// connection and reused (named), and the connection's settings
+    /// (`statement_timeout`, ...) travel in the startup packet (`options`).
+    #[default]
+    Session,
+    /// Through a transaction-mode pooler (PgBouncer `pool_mode =
+    /// transaction`): one connection's transactions may each run on another
+    /// server session, and the pooler passes no startup `options`. Every
+    /// statement is sent unnamed in one round trip, and the settings come
+    /// from the login role (`ALTER ROLE ... SET`, deploy/sql/roles.sql).
+    Transaction,
+}
+
+impl PoolMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Session => "session",
+            Self::Transaction => "transaction",
+        }
+    }
+}
+
+/// A pool of connections, all of one [`PoolMode`].
+#[derive(Clone)]
+pub struct Pool {
+    inner: deadpool_postgres::Pool,
+    mode: PoolMode,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("mode", &self.mode)
+            .field("status", &self.inner.status())
+            .finish()
+    }
+}
+
+/// Why no connection could be had.
+pub type PoolError = deadpool_postgres::PoolError;
+
+impl Pool {
+    pub(crate) fn new(inner: deadpool_postgres::Pool, mode: PoolMode) -> Self {
+        Self { inner, mode }
+    }
+
+    /// A connection: an idle one, or a new one when there is room; waits (up
+    /// to the pool's wait) otherwise.
+    pub async fn get(&self) -> Result<Client, PoolError> {
+        Ok(Client {
+            object: self.inner.get().await?,
+            mode: self.mode,
+        })
+    }
+
+    pub fn mode(&self) -> PoolMode {
+        self.mode
+    }
+
+    /// Closes idle connections and refuses new checkouts.
+    pub fn close(&self) {
+        self.inner.close();
+    }
+}
+
+/// A pooled connection, back in the pool when dropped. Statements run on it
+/// through [`crate::Sql`] only, which is what keeps the mode's rules in one
+/// place: there is deliberately no way to reach the raw client.
+pub struct Client {
+    object: deadpool_postgres::Client,
+    mode: PoolMode,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client").field("mode", &self.mode).finish()
+    }
+}
+
+impl Client {
+    pub fn mode(&self) -> PoolMode {
+        self.mode
+    }
+
+    /// Takes the connection out of the pool and closes it. For a statement
+    /// abandoned mid-flight (a deadline): the server then sees its client
+    /// leave and rolls the statement back instead of committing it later.
+    pub fn discard(self) {
+        drop(deadpool_postgres::Object::take(self.object));
+    }
+
+    pub(crate) fn object(&self) -> &deadpool_postgres::ClientWrapper {
+        &self.object
+    }
+}

@@ -1,0 +1,176 @@
+//! Every statement of both services goes through here: [`Sql`] is its text and
+//! parameter types, [`Executor`] is what runs it, and the one decision this
+//! module exists for is made in [`Client`]: how a statement reaches the server.
+//!
+//! | connection | [`PoolMode::Session`] | [`PoolMode::Transaction`] |
+//! |---|---|---|
+//! | pooled ([`Client`]) | named, prepared once per connection (`prepare_typed_cached`), then Bind/Execute | unnamed, Parse/Bind/Execute/Sync in one round trip (`query_typed`) |
+//! | single (`tokio_postgres::Client`) | unnamed, one round trip | the same |
+//!
+//! Behind a transaction-mode pooler, a connection's consecutive transactions
+//! may run on different server sessions, so a statement prepared in one is
+//! unknown in the next: nothing may outlive a statement. An unnamed statement
+//! sent in one message sequence cannot be split across server sessions, and
+//! still costs one round trip. Parameter types travel with the text so the
+//! server need not be asked for them first (which would be a second trip).
+//! Single connections (operator commands, the pruner) run a few statements
+//! once each: preparing them would cost a round trip for nothing, whatever
+//! the mode.
+
+use std::future::Future;
+
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Error, Row};
+
+use crate::pool::{Client, PoolMode};
+
+/// A statement and the types of its parameters (`$1`, `$2`, ... in order).
+#[derive(Debug)]
+pub struct Sql {
+    pub text: &'static str,
+    pub types: &'static [Type],
+}
+
+impl Sql {
+    pub const fn new(text: &'static str, types: &'static [Type]) -> Self {
+        Self { text, types }
+    }
+
+    pub async fn query(
+        &self,
+        on: &(impl Executor + ?Sized),
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, Error> {
+        on.query(self, params).await
+    }
+
+    /// Exactly one row, or an error.
+    pub async fn query_one(
+        &self,
+        on: &(impl Executor + ?Sized),
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Row, Error> {
+        on.query_one(self, params).await
+    }
+
+    /// The number of rows the statement changed.
+    pub async fn execute(
+        &self,
+        on: &(impl Executor + ?Sized),
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, Error> {
+        on.execute(self, params).await
+    }
+
+    /// The highest `$n` in the text, so a test can hold it equal to the
+    /// number of declared types (a mismatch is only found at run time).
+    pub fn placeholders(&self) -> usize {
+        let bytes = self.text.as_bytes();
+        let mut highest = 0;
+        let mut i = 0;
+        while i < bytes.len() {
+            if bytes[i] == b'$' {
+                let digits = bytes[i + 1..].iter().take_while(|b| b.is_ascii_digit()).count();
+                if digits > 0 {
+                    let n: usize = self.text[i + 1..i + 1 + digits].parse().unwrap_or(0);
+                    highest = highest.max(n);
+                }
+                i += digits;
+            }
+            i += 1;
+        }
+        highest
+    }
+
+    fn typed<'a>(&self, params: &[&'a (dyn ToSql + Sync)]) -> Vec<(&'a (dyn ToSql + Sync), Type)> {
+        debug_assert_eq!(params.len(), self.types.len(), "parameters of {:?}", self.text);
+        params.iter().copied().zip(self.types.iter().cloned()).collect()
+    }
+}
+
+/// Something [`Sql`] runs on: a pooled [`Client`] (named or unnamed
+/// statements by its pool's mode) or a single connection (unnamed). The statement is the caller's; this only says how it is sent.
+pub trait Executor: Sync {
+    fn query(
+        &self,
+        sql: &Sql,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> impl Future<Output = Result<Vec<Row>, Error>> + Send;
+
+    fn query_one(
+        &self,
+        sql: &Sql,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> impl Future<Output = Result<Row, Error>> + Send;
+
+    fn execute(
+        &self,
+        sql: &Sql,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> impl Future<Output = Result<u64, Error>> + Send;
+}
+
+impl Executor for Client {
+    async fn query(&self, sql: &Sql, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>, Error> {
+        match self.mode() {
+            PoolMode::Session => {
+                let statement = self.object().prepare_typed_cached(sql.text, sql.types).await?;
+                self.object().query(&statement, params).await
+            }
+            PoolMode::Transaction => self.object().query_typed(sql.text, &sql.typed(params)).await,
+        }
+    }
+
+    async fn query_one(&self, sql: &Sql, params: &[&(dyn ToSql + Sync)]) -> Result<Row, Error> {
+        match self.mode() {
+            PoolMode::Session => {
+                let statement = self.object().prepare_typed_cached(sql.text, sql.types).await?;
+                self.object().query_one(&statement, params).await
+            }
+            PoolMode::Transaction => {
+                self.object()
+                    .query_typed_one(sql.text, &sql.typed(params))
+                    .await
+            }
+        }
+    }
+
+    async fn execute(&self, sql: &Sql, params: &[&(dyn ToSql + Sync)]) -> Result<u64, Error> {
+        match self.mode() {
+            PoolMode::Session => {
+                let statement = self.object().prepare_typed_cached(sql.text, sql.types).await?;
+                self.object().execute(&statement, params).await
+            }
+            PoolMode::Transaction => self.object().execute_typed(sql.text, &sql.typed(params)).await,
+        }
+    }
+}
+
+impl Executor for tokio_postgres::Client {
+    async fn query(&self, sql: &Sql, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>, Error> {
+        self.query_typed(sql.text, &sql.typed(params)).await
+    }
+
+    async fn query_one(&self, sql: &Sql, params: &[&(dyn ToSql + Sync)]) -> Result<Row, Error> {
+        self.query_typed_one(sql.text, &sql.typed(params)).await
+    }
+
+    async fn execute(&self, sql: &Sql, params: &[&(dyn ToSql + Sync)]) -> Result<u64, Error> {
+        self.execute_typed(sql.text, &sql.typed(params)).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholders_are_counted_by_the_highest_number() {
+        assert_eq!(Sql::new("SELECT 1", &[]).placeholders(), 0);
+        assert_eq!(
+            Sql::new("SELECT $2::int8, $1, $10 || '$'", &[]).placeholders(),
+            10
+        );
+        assert_eq!(Sql::new("DO $$ BEGIN END $$", &[]).placeholders(), 0);
+    }
+}
