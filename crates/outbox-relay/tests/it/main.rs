@@ -8,3 +8,4 @@ mod helpers;
 mod notify;
 mod ops;
 mod retries;
+mod roles;

@@ -7,5 +7,6 @@ mod helpers;
 mod hostile;
 mod outage;
 mod outcomes;
+mod roles;
 mod shutdown;
 mod signatures;
