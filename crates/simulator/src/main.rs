@@ -1,5 +1,6 @@
 //! `simulator downstream`: the simulated fulfilment and email APIs.
 //! `simulator provider`: the simulated payment provider and load generator.
+//! `simulator proxy`: the fault-injecting TCP proxy.
 //!
 //! # Layout
 //! Parses the command line (exit 2 with one line naming the variable on any
@@ -12,6 +13,9 @@
 //!   `--json`, the summary as the only line on stdout; exits 0 if every
 //!   event was acknowledged (or refused for good, with `--allow-failures`),
 //!   1 otherwise. SIGTERM or Ctrl-C stops it early, with a summary.
+//! - `proxy` sends logs to stderr, binds the proxy and its control address,
+//!   prints `{"listening":"ADDR","control":"ADDR"}` as the only line on
+//!   stdout, and forwards until SIGTERM or Ctrl-C.
 #![forbid(unsafe_code)]
 
 use std::io::Write as _;
@@ -20,9 +24,10 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use service::{LogFormat, config_error};
-use simulator::cli::{Cli, Command, DownstreamArgs, ProviderArgs};
+use simulator::cli::{Cli, Command, DownstreamArgs, ProviderArgs, ProxyArgs};
 use simulator::downstream::{self, DownstreamConfig};
 use simulator::provider;
+use simulator::proxy::{self, ProxyConfig};
 
 const PROGRAM: &str = "simulator";
 
@@ -31,6 +36,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Downstream(args) => serve_downstream(args),
         Command::Provider(args) => provide(args),
+        Command::Proxy(args) => serve_proxy(args),
     }
 }
 
@@ -67,6 +73,44 @@ async fn run_downstream(args: DownstreamArgs, config: DownstreamConfig) -> anyho
     );
     running.run_until(shutdown.cancelled()).await?;
     tracing::info!("downstream stopped");
+    Ok(())
+}
+
+fn serve_proxy(args: ProxyArgs) -> ExitCode {
+    let config = args.config().unwrap_or_else(|e| config_error(PROGRAM, &e));
+    // One thread forwards: loopback test traffic needs no more, and the
+    // control endpoints have their own.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("building the tokio runtime");
+    match runtime.block_on(run_proxy(args, config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{PROGRAM}: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run_proxy(args: ProxyArgs, config: ProxyConfig) -> anyhow::Result<()> {
+    init_logs(args.log_format);
+    let running = proxy::spawn(config)
+        .await
+        .with_context(|| format!("listening on {} and {}", args.listen, args.control))?;
+    let control = running.control_addr().context("the control address")?;
+    // Signal handlers first, so a SIGTERM right after the line is not lost.
+    let shutdown = service::shutdown::on_signal();
+    announce_proxy(running.addr(), control)?;
+    tracing::info!(
+        addr = %running.addr(),
+        %control,
+        upstream = %args.upstream,
+        faults = %serde_json::to_string(&running.faults())?,
+        "proxy forwarding"
+    );
+    running.run_until(shutdown.cancelled()).await;
+    tracing::info!("proxy stopped");
     Ok(())
 }
 
@@ -120,6 +164,13 @@ fn print_json(summary: &provider::Summary) -> anyhow::Result<()> {
 fn announce(addr: SocketAddr) -> std::io::Result<()> {
     let mut stdout = std::io::stdout().lock();
     writeln!(stdout, r#"{{"listening":"{addr}"}}"#)?;
+    stdout.flush()
+}
+
+/// The proxy's one line on stdout: where clients connect, where faults are set.
+fn announce_proxy(addr: SocketAddr, control: SocketAddr) -> std::io::Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, r#"{{"listening":"{addr}","control":"{control}"}}"#)?;
     stdout.flush()
 }
 

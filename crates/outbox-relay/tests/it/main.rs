@@ -5,6 +5,7 @@
 mod crash;
 mod delivery;
 mod helpers;
+mod network;
 mod notify;
 mod ops;
 mod retries;

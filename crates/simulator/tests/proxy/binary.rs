@@ -1,0 +1,116 @@
+//! The binary as scripts start it.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use simulator::proxy::Stats;
+use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, BufReader};
+use tokio::process::Command;
+
+use crate::helpers::{client, ship};
+
+const BIN: &str = env!("CARGO_BIN_EXE_simulator");
+
+#[tokio::test]
+async fn prints_its_addresses_forwards_takes_faults_and_stops_on_sigterm() {
+    let downstream = simulator::downstream::spawn(Default::default()).await.unwrap();
+    let mut child = Command::new(BIN)
+        .args(["proxy", "--listen", "127.0.0.1:0", "--delay-ms", "1"])
+        .env("PROXY_UPSTREAM", downstream.addr().to_string())
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    tokio::time::timeout(Duration::from_secs(10), stdout.read_line(&mut line))
+        .await
+        .expect("the listening line in time")
+        .unwrap();
+    let announced: serde_json::Value = serde_json::from_str(&line).unwrap();
+    let addr = announced["listening"].as_str().unwrap();
+    let control = announced["control"].as_str().unwrap();
+    for a in [addr, control] {
+        assert!(a.starts_with("127.0.0.1:") && !a.ends_with(":0"), "{line}");
+    }
+    assert_eq!(
+        line,
+        format!("{{\"listening\":\"{addr}\",\"control\":\"{control}\"}}\n")
+    );
+
+    let http = client(Duration::from_secs(5));
+    assert_eq!(ship(&http, &format!("http://{addr}"), 1).await.unwrap(), 201);
+    let set = http
+        .post(format!("http://{control}/faults"))
+        .body(r#"{"cut_after_bytes": 0}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(set.status(), 200);
+    assert!(ship(&http, &format!("http://{addr}"), 2).await.is_err());
+    let stats: Stats = http
+        .get(format!("http://{control}/stats"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(stats.injected.cuts, 1);
+    assert!(stats.injected.delays >= 2, "--delay-ms applied: {stats:?}");
+    assert_eq!(downstream.stats().effects, 2);
+
+    let pid = child.id().unwrap().to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let status = tokio::time::timeout(Duration::from_secs(5), child.wait())
+        .await
+        .expect("stops within 5 s")
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    let mut rest = String::new();
+    stdout.read_to_string(&mut rest).await.unwrap();
+    assert_eq!(rest, "", "stdout carries the listening line alone");
+    let mut logs = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut logs)
+        .await
+        .unwrap();
+    assert!(
+        logs.contains("proxy forwarding") && logs.contains("faults changed"),
+        "{logs}"
+    );
+}
+
+#[tokio::test]
+async fn a_bad_flag_is_one_line_and_exit_2() {
+    for args in [
+        &["proxy"][..],
+        &["proxy", "--upstream", "nowhere"],
+        &["proxy", "--upstream", "127.0.0.1:1", "--cut-rate", "2"],
+        &[
+            "proxy",
+            "--upstream",
+            "127.0.0.1:1",
+            "--cut-rate",
+            "0.6",
+            "--blackhole-rate",
+            "0.6",
+        ],
+    ] {
+        let output = Command::new(BIN).args(args).output().await.unwrap();
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8(output.stderr).unwrap();
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.starts_with("simulator: configuration error: "), "{stderr}");
+        assert!(output.stdout.is_empty());
+    }
+}
