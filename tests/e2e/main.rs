@@ -3,4 +3,5 @@
 mod chaos;
 mod harness;
 mod observability;
+mod pooler;
 mod run_demo;
