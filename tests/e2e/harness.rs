@@ -335,19 +335,7 @@ impl Stack {
     }
 
     async fn wait_ready(&self, admin: &str) {
-        let started = Instant::now();
-        loop {
-            if let Ok(r) = self.http.get(format!("{admin}/readyz")).send().await
-                && r.status() == 200
-            {
-                return;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "{admin} never became ready"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_ready(&self.http, admin).await;
     }
 
     pub async fn insert_order(&self, id: i64, payment_id: &str) {
@@ -371,24 +359,7 @@ impl Stack {
         secret: &str,
         extra: &[(&str, &str)],
     ) -> reqwest::Response {
-        let key = signature::Secret::parse(signature::Scheme::Standard, secret).unwrap();
-        let ts = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() as i64;
-        let msg_id = format!("msg_{ts}_{}", body.len());
-        let mut req = self
-            .http
-            .post(format!("{}/webhooks/payments", self.ingest_url))
-            .header("content-type", "application/json")
-            .header("webhook-id", &msg_id)
-            .header("webhook-timestamp", ts.to_string())
-            .header(
-                "webhook-signature",
-                signature::sign_standard(&key, &msg_id, ts, body.as_bytes()),
-            )
-            .body(body.to_owned());
-        for (k, v) in extra {
-            req = req.header(*k, *v);
-        }
-        req.send().await.unwrap()
+        post_signed(&self.http, &self.ingest_url, body, secret, extra).await
     }
 
     pub async fn count(&self, sql: &str) -> i64 {
@@ -422,6 +393,51 @@ impl Stack {
             .unwrap();
         Metrics::parse(&text)
     }
+}
+
+/// Waits until `{admin}/readyz` answers 200, or panics after 20 s.
+pub async fn wait_ready(http: &reqwest::Client, admin: &str) {
+    let started = Instant::now();
+    loop {
+        if let Ok(r) = http.get(format!("{admin}/readyz")).send().await
+            && r.status() == 200
+        {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{admin} never became ready"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Posts `body` to the ingest at `ingest_url`, signed now with `secret`, as
+/// a provider would (Standard Webhooks), with extra headers.
+pub async fn post_signed(
+    http: &reqwest::Client,
+    ingest_url: &str,
+    body: &str,
+    secret: &str,
+    extra: &[(&str, &str)],
+) -> reqwest::Response {
+    let key = signature::Secret::parse(signature::Scheme::Standard, secret).unwrap();
+    let ts = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() as i64;
+    let msg_id = format!("msg_{ts}_{}", body.len());
+    let mut req = http
+        .post(format!("{ingest_url}/webhooks/payments"))
+        .header("content-type", "application/json")
+        .header("webhook-id", &msg_id)
+        .header("webhook-timestamp", ts.to_string())
+        .header(
+            "webhook-signature",
+            signature::sign_standard(&key, &msg_id, ts, body.as_bytes()),
+        )
+        .body(body.to_owned());
+    for (k, v) in extra {
+        req = req.header(*k, *v);
+    }
+    req.send().await.unwrap()
 }
 
 pub fn event(id: &str, kind: &str, payment_id: &str) -> String {

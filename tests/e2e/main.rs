@@ -5,3 +5,4 @@ mod harness;
 mod observability;
 mod pooler;
 mod run_demo;
+mod tls;
