@@ -378,6 +378,7 @@ mod tests {
             attempt: 1,
             trace_context: None,
             event_id: "evt".into(),
+            lease_expires: std::time::Instant::now(),
         };
         let p = prepare(
             &row(

@@ -12,8 +12,11 @@
 //! them than the calls in flight.
 //!
 //! Completion is fenced on the lease: a relay records an outcome only for rows
-//! it still holds. A relay that stalled past its lease finds its rows taken by
-//! another relay and records nothing for them.
+//! it still holds, under the claim it made. The fencing token is the pair
+//! (`lease_owner`, `attempts`): every claim increments `attempts`, so an
+//! outcome for a stale claim (a relay that stalled past its lease, whose row
+//! was claimed again, by another relay or by itself) matches nothing and is
+//! dropped.
 
 use std::time::Duration;
 
@@ -53,7 +56,8 @@ RETURNING o.id, o.kind, o.payload, o.idempotency_key, o.attempts, o.trace_contex
 );
 
 /// Every outcome of a batch in one statement. `release` hands a row back
-/// untouched (it was claimed but never sent: shutdown), undoing its attempt.
+/// untouched (it was claimed but never sent: shutdown, or too little lease
+/// left to send it), undoing its attempt.
 const COMPLETE: Sql = Sql::new(
     "
 UPDATE outbox AS o
@@ -66,11 +70,11 @@ UPDATE outbox AS o
        lease_owner = NULL,
        leased_until = NULL,
        last_error = CASE v.outcome WHEN 'done' THEN NULL WHEN 'release' THEN o.last_error ELSE v.error END
-  FROM unnest($1::int8[], $2::text[], $3::int8[], $4::text[]) AS v(id, outcome, delay_ms, error)
- WHERE o.id = v.id AND o.lease_owner = $5 AND o.status = 'pending'
+  FROM unnest($1::int8[], $2::text[], $3::int8[], $4::text[], $5::int4[]) AS v(id, outcome, delay_ms, error, attempt)
+ WHERE o.id = v.id AND o.lease_owner = $6 AND o.attempts = v.attempt AND o.status = 'pending'
 RETURNING o.id, o.status, extract(epoch FROM now() - o.created_at)::float8",
-    // ids, outcomes, delays (ms), errors, lease owner
-    &[Type::INT8_ARRAY, Type::TEXT_ARRAY, Type::INT8_ARRAY, Type::TEXT_ARRAY, Type::TEXT],
+    // ids, outcomes, delays (ms), errors, the claims' attempt numbers, lease owner
+    &[Type::INT8_ARRAY, Type::TEXT_ARRAY, Type::INT8_ARRAY, Type::TEXT_ARRAY, Type::INT4_ARRAY, Type::TEXT],
 );
 
 /// A claimed row: what to send, and where it belongs in its event's trace.
@@ -80,8 +84,12 @@ pub struct ClaimedRow {
     pub kind: String,
     pub payload: serde_json::Value,
     pub idempotency_key: String,
-    /// This attempt's number (1 for the first call).
+    /// This attempt's number (1 for the first call); with the owner, the
+    /// claim's fencing token.
     pub attempt: i32,
+    /// When the lease runs out, by this process's clock (measured from
+    /// before the claim was sent, so never later than the server's).
+    pub lease_expires: std::time::Instant,
     pub trace_context: Option<String>,
     pub event_id: String,
 }
@@ -121,6 +129,7 @@ pub async fn claim_due_batch(
     lease: Duration,
 ) -> Result<Vec<ClaimedRow>, tokio_postgres::Error> {
     let lease_ms = lease.as_millis() as i64;
+    let lease_expires = std::time::Instant::now() + lease;
     let rows = CLAIM.query(client, &[&limit, &owner, &lease_ms]).await?;
     let mut claimed: Vec<ClaimedRow> = rows
         .into_iter()
@@ -132,18 +141,28 @@ pub async fn claim_due_batch(
             attempt: r.get(4),
             trace_context: r.get(5),
             event_id: r.get(6),
+            lease_expires,
         })
         .collect();
     claimed.sort_by_key(|r| r.id);
     Ok(claimed)
 }
 
-/// Records a batch of outcomes, fenced on `owner`. Rows this relay no longer
-/// holds are skipped (and absent from the result).
+/// One outcome to record: the row, the attempt (claim) it belongs to, what happened.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub id: i64,
+    pub attempt: i32,
+    pub completion: Completion,
+}
+
+/// Records a batch of outcomes, fenced on `owner` and each claim's attempt.
+/// Rows this relay no longer holds under that claim are skipped (and absent
+/// from the result).
 pub async fn record_outcomes(
     client: &db::Client,
     owner: &str,
-    outcomes: &[(i64, Completion)],
+    outcomes: &[Outcome],
 ) -> Result<Vec<Recorded>, tokio_postgres::Error> {
     if outcomes.is_empty() {
         return Ok(Vec::new());
@@ -152,8 +171,15 @@ pub async fn record_outcomes(
     let mut kinds = Vec::with_capacity(outcomes.len());
     let mut delays = Vec::with_capacity(outcomes.len());
     let mut errors: Vec<Option<&str>> = Vec::with_capacity(outcomes.len());
-    for (id, completion) in outcomes {
+    let mut attempts = Vec::with_capacity(outcomes.len());
+    for Outcome {
+        id,
+        attempt,
+        completion,
+    } in outcomes
+    {
         ids.push(*id);
+        attempts.push(*attempt);
         kinds.push(completion.outcome());
         match completion {
             Completion::Retry { delay, error } => {
@@ -171,7 +197,7 @@ pub async fn record_outcomes(
         }
     }
     let rows = COMPLETE
-        .query(client, &[&ids, &kinds, &delays, &errors, &owner])
+        .query(client, &[&ids, &kinds, &delays, &errors, &attempts, &owner])
         .await?;
     Ok(rows
         .into_iter()
@@ -428,7 +454,10 @@ const AUDIT_DOUBLED: Sql = Sql::new(
     &[Type::FLOAT8],
 );
 
-pub async fn audit(client: &(impl Executor + ?Sized), since: Duration) -> Result<Audit, tokio_postgres::Error> {
+pub async fn audit(
+    client: &(impl Executor + ?Sized),
+    since: Duration,
+) -> Result<Audit, tokio_postgres::Error> {
     let secs = since.as_secs_f64();
     let totals = AUDIT_TOTALS.query_one(client, &[&secs]).await?;
     let by_status = AUDIT_BY_STATUS.query(client, &[&secs]).await?;

@@ -66,17 +66,14 @@ pub struct Relay {
 #[derive(Clone)]
 struct Finished {
     row_id: i64,
+    attempt: i32,
     kind: String,
     completion: Completion,
     seconds: f64,
 }
 
 impl Relay {
-    pub fn new(
-        pool: db::Pool,
-        config: RelayConfig,
-        metrics: RelayMetrics,
-    ) -> anyhow::Result<Self> {
+    pub fn new(pool: db::Pool, config: RelayConfig, metrics: RelayMetrics) -> anyhow::Result<Self> {
         let _ = rustls::crypto::ring::default_provider().install_default();
         // One client per process: connection pooling and keep-alive to each
         // downstream host. The timeout bounds the whole call, connect included.
@@ -128,7 +125,7 @@ impl Relay {
             let calls = calls.clone();
             async move {
                 let _slot = calls.acquire().await.expect("never closed");
-                self.deliver(row).await
+                self.send_or_release(row).await
             }
         }))
         .await;
@@ -141,6 +138,34 @@ impl Relay {
         let rows = storage::claim_due_batch(&client, limit, &self.config.owner, self.config.lease).await?;
         self.health.last_claim_ms.store(now_ms(), Ordering::Relaxed);
         Ok(rows)
+    }
+
+    /// Sends the row if its lease will outlast the call, else hands it back.
+    ///
+    /// A row waits for a call slot after its claim; when calls are slow (a
+    /// downstream timing out) the wait can eat the lease. Sending then could
+    /// overlap with another claim of the same row (the lease's whole point),
+    /// so the row goes back to the queue instead, due at once, its attempt
+    /// undone.
+    async fn send_or_release(&self, row: ClaimedRow) -> Finished {
+        // The call must end (at worst by its timeout) while the lease holds;
+        // recording a moment after is fenced on the claim's attempt anyway.
+        if Instant::now() + self.config.http_timeout >= row.lease_expires {
+            tracing::debug!(outbox_id = row.id, "lease too short to send; released");
+            return Self::released(row);
+        }
+        self.deliver(row).await
+    }
+
+    /// The completion of a row that was never sent.
+    fn released(row: ClaimedRow) -> Finished {
+        Finished {
+            row_id: row.id,
+            attempt: row.attempt,
+            kind: row.kind,
+            completion: Completion::Release,
+            seconds: 0.0,
+        }
     }
 
     /// One call for one row, and the completion to record, in an
@@ -196,6 +221,7 @@ impl Relay {
         };
         Finished {
             row_id: row.id,
+            attempt: row.attempt,
             kind: row.kind,
             completion,
             seconds: started.elapsed().as_secs_f64(),
@@ -204,9 +230,13 @@ impl Relay {
 
     /// Records outcomes (fenced on our lease) and the metrics of those recorded.
     async fn record(&self, finished: &[Finished]) -> anyhow::Result<()> {
-        let outcomes: Vec<(i64, Completion)> = finished
+        let outcomes: Vec<storage::Outcome> = finished
             .iter()
-            .map(|f| (f.row_id, f.completion.clone()))
+            .map(|f| storage::Outcome {
+                id: f.row_id,
+                attempt: f.attempt,
+                completion: f.completion.clone(),
+            })
             .collect();
         let client = self.pool.get().await?;
         let recorded = storage::record_outcomes(&client, &self.config.owner, &outcomes).await?;
@@ -285,14 +315,9 @@ impl Relay {
                         slot = calls.acquire_owned() => slot.ok(),
                     };
                     let finished = match started {
-                        Some(_slot) => relay.deliver(row).await,
+                        Some(_slot) => relay.send_or_release(row).await,
                         // Never sent: hand it back for another relay, at once.
-                        None => Finished {
-                            row_id: row.id,
-                            kind: row.kind,
-                            completion: Completion::Release,
-                            seconds: 0.0,
-                        },
+                        None => Self::released(row),
                     };
                     let _ = done.send(finished);
                 });

@@ -218,3 +218,64 @@ async fn timeouts_and_resets_are_retried_and_the_key_keeps_the_effect_single() {
         );
     }
 }
+
+/// Rows waiting for a call slot while calls are slow would outlive their
+/// lease: they are handed back unsent (and claimed again later, under a new
+/// lease), so no row is ever sent under an expired lease, and no attempt is
+/// spent on a send that never happened.
+#[tokio::test]
+async fn rows_are_released_rather_than_sent_when_their_lease_runs_short() {
+    let env = env().await;
+    env.seed(1, 5).await;
+    let r = env
+        .http
+        .post(format!("{}/control/faults", env.url()))
+        .json(&serde_json::json!({"latency_ms": "600"}))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success());
+    // Lease 3 s, calls up to 2.2 s: after two 600 ms calls, the rest of a
+    // batch no longer has the lease to be sent.
+    let relay = env.relay(&[
+        "--relay-concurrency",
+        "1",
+        "--relay-batch-size",
+        "5",
+        "--relay-lease-secs",
+        "3",
+        "--relay-http-timeout-ms",
+        "2200",
+    ]);
+    assert_eq!(relay.relay_once().await.unwrap(), Outcome::Relayed(5));
+    let done = env
+        .count("SELECT count(*) FROM outbox WHERE status = 'done'")
+        .await;
+    assert!(
+        (1..5).contains(&done),
+        "some sent, the rest released: {done} done"
+    );
+    assert_eq!(
+        env.count("SELECT count(*) FROM outbox WHERE status = 'pending' AND (attempts <> 0 OR lease_owner IS NOT NULL)")
+            .await,
+        0,
+        "released rows: attempt undone, lease cleared"
+    );
+    let started = Instant::now();
+    while env
+        .count("SELECT count(*) FROM outbox WHERE status = 'done'")
+        .await
+        < 5
+    {
+        relay.relay_once().await.unwrap();
+        assert!(started.elapsed() < Duration::from_secs(20));
+    }
+    let stats = env.stats().await;
+    for (key, k) in stats.keys.as_ref().unwrap() {
+        assert_eq!((k.requests, k.effects), (1, 1), "{key}: sent once");
+    }
+    assert_eq!(
+        env.count("SELECT count(*) FROM outbox WHERE attempts <> 1").await,
+        0
+    );
+}

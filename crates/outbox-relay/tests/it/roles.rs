@@ -159,14 +159,18 @@ async fn exercise_relay(
     let claimed = storage::claim_due_batch(&client, 10, &owner, Duration::from_secs(60)).await?;
     let outcomes: Vec<_> = claimed
         .iter()
-        .map(|row| {
-            let outcome = Completion::Dead {
+        .map(|row| storage::Outcome {
+            id: row.id,
+            attempt: row.attempt,
+            completion: Completion::Dead {
                 error: "HTTP 400".into(),
-            };
-            (row.id, outcome)
+            },
         })
         .collect();
-    assert!(!outcomes.is_empty(), "nothing claimed: the outcome statement would not run");
+    assert!(
+        !outcomes.is_empty(),
+        "nothing claimed: the outcome statement would not run"
+    );
     storage::record_outcomes(&client, &owner, &outcomes).await?;
     storage::backlog(&client).await?;
     storage::dead_rows(&client).await?;
