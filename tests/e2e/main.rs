@@ -4,5 +4,6 @@ mod chaos;
 mod harness;
 mod observability;
 mod pooler;
+mod roles;
 mod run_demo;
 mod tls;

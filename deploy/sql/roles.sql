@@ -1,0 +1,88 @@
+-- The database, its owner and the services' login users, for an operator to
+-- run once per environment as an administrator (a role with CREATEROLE and
+-- CREATEDB; on a managed service, its admin user), before the first
+-- `webhook-ingest migrate`:
+--
+--   psql "postgres://ADMIN@HOST:5432/postgres?sslmode=verify-full&sslrootcert=ca.pem" \
+--     -v owner_password="$OWNER_PASSWORD" -v ingest_password="$INGEST_PASSWORD" \
+--     -v relay_password="$RELAY_PASSWORD" -v monitor_password="$MONITOR_PASSWORD" \
+--     -f deploy/sql/roles.sql                    # optional: -v dbname=webhooks
+--
+-- Running it again is safe: what exists is left as it is (passwords
+-- included: change them with ALTER ROLE), the role settings are set again.
+--
+-- Who is who (migrations/V2__roles.sql holds the grants):
+--   webhooks_owner  runs `webhook-ingest migrate` (over a direct connection:
+--                   the migration holds a session lock), owns the tables, and
+--                   so is the one role that can change the schema or GRANT.
+--                   Needs no CREATEROLE once the groups below exist.
+--   ingest_app      DATABASE_URL of webhook-ingest; member of webhook_ingest.
+--   relay_app       DATABASE_URL (and RELAY_LISTEN_DATABASE_URL) of
+--                   outbox-relay and its operator commands; member of outbox_relay.
+--   keda_app        the KEDA trigger's connection; member of outbox_monitor.
+-- The three login users own nothing and hold nothing but their group's
+-- grants: least privilege is the groups', and a leaked service password
+-- cannot drop, rewrite or read beyond what that service does.
+--
+-- On a managed service whose admin is not a superuser, CREATE DATABASE ...
+-- OWNER needs the admin to be a member of the owner: GRANT webhooks_owner TO
+-- <admin> first.
+
+\set ON_ERROR_STOP on
+\if :{?dbname}
+\else
+\set dbname webhooks
+\endif
+
+-- The groups the migration grants to. The migration creates them itself when
+-- its user may (CREATEROLE); creating them here lets the owner do without.
+SELECT format('CREATE ROLE %I NOLOGIN', name)
+  FROM unnest(ARRAY['webhook_ingest', 'outbox_relay', 'outbox_monitor']) AS name
+ WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = name)
+\gexec
+
+-- The schema owner: no CREATEROLE, no CREATEDB, no superuser.
+SELECT format('CREATE ROLE webhooks_owner LOGIN PASSWORD %L', :'owner_password')
+ WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'webhooks_owner')
+\gexec
+
+-- The services' login users, each in its group.
+SELECT format('CREATE ROLE %I LOGIN PASSWORD %L IN ROLE %I', login, password, grp)
+  FROM (VALUES ('ingest_app', :'ingest_password', 'webhook_ingest'),
+               ('relay_app', :'relay_password', 'outbox_relay'),
+               ('keda_app', :'monitor_password', 'outbox_monitor')) AS u(login, password, grp)
+ WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = login)
+\gexec
+-- Users that existed before this script: make sure of the membership.
+SELECT format('GRANT %I TO %I', grp, login)
+  FROM (VALUES ('ingest_app', 'webhook_ingest'), ('relay_app', 'outbox_relay'),
+               ('keda_app', 'outbox_monitor')) AS u(login, grp)
+ WHERE NOT pg_has_role(login, grp, 'MEMBER')
+\gexec
+
+-- Settings carried by the login role. With DATABASE_POOL_MODE=session the
+-- services set the same per connection (startup options); through a
+-- transaction-mode pooler, which passes no startup options, these are what
+-- bounds every statement. Keep them in step with the services' settings.
+--   the ingest: its whole handler has INGEST_DEADLINE_MS (5 s); a statement
+--   whose client gave up is cancelled instead of committing later.
+ALTER ROLE ingest_app SET statement_timeout = '5s';
+ALTER ROLE ingest_app SET client_connection_check_interval = '250ms';
+--   the relay: leases and outcomes may be lost in a server crash without harm
+--   (a row is sent again under the same idempotency key), so its commits do
+--   not wait for the WAL flush.
+ALTER ROLE relay_app SET statement_timeout = '30s';
+ALTER ROLE relay_app SET synchronous_commit = off;
+--   the autoscaler: one count, read-only.
+ALTER ROLE keda_app SET statement_timeout = '5s';
+ALTER ROLE keda_app SET default_transaction_read_only = on;
+
+-- The database, owned by the schema owner.
+SELECT format('CREATE DATABASE %I OWNER webhooks_owner', :'dbname')
+ WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = :'dbname')
+\gexec
+
+\connect :"dbname"
+-- Before PostgreSQL 15 every role may create tables in `public`: not the
+-- services. (Since 15 this is the default; the statement changes nothing.)
+REVOKE CREATE ON SCHEMA public FROM PUBLIC;
