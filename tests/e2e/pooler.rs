@@ -60,7 +60,10 @@ async fn both_services_keep_exactly_once_through_pgbouncer_in_transaction_mode()
             fresh_of_same += 1;
         }
     }
-    assert_eq!(fresh_of_same, 1, "exactly one of the concurrent deliveries processed");
+    assert_eq!(
+        fresh_of_same, 1,
+        "exactly one of the concurrent deliveries processed"
+    );
 
     // A refund for order 1: refunded, one notice, its shipment cancelled if
     // the relay has not sent it yet, and nothing sent twice either way.
@@ -89,7 +92,10 @@ async fn both_services_keep_exactly_once_through_pgbouncer_in_transaction_mode()
             .await as u64,
         expected_effects
     );
-    assert_eq!(stack.count("SELECT count(*) FROM processed_events").await, BURST + 2);
+    assert_eq!(
+        stack.count("SELECT count(*) FROM processed_events").await,
+        BURST + 2
+    );
     assert_eq!(
         stack
             .count("SELECT deliveries::int8 FROM processed_events WHERE event_id = 'evt_burst'")
@@ -114,7 +120,10 @@ async fn both_services_keep_exactly_once_through_pgbouncer_in_transaction_mode()
         .lines()
         .filter(|l| l.contains("login attempt") && l.contains("user=webhook_test_ingest"))
         .count();
-    assert!(ingest_logins > 2, "the ingest opened {ingest_logins} connections to the pooler");
+    assert!(
+        ingest_logins > 2,
+        "the ingest opened {ingest_logins} connections to the pooler"
+    );
     // The settings the pooler cannot carry come from the role.
     let through = stack_url(&stack, &bouncer, Role::Ingest);
     let client = testkit::TestDb::connect_url(&through).await;

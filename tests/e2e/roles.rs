@@ -38,7 +38,13 @@ async fn the_operators_roles_script_then_migrate_as_an_owner_without_createrole(
     for _ in 0..2 {
         let out = Command::new("psql")
             .arg(cluster.url())
-            .args(["-q", "-v", "owner_password=secret", "-v", "ingest_password=secret"])
+            .args([
+                "-q",
+                "-v",
+                "owner_password=secret",
+                "-v",
+                "ingest_password=secret",
+            ])
             .args(["-v", "relay_password=secret", "-v", "monitor_password=secret"])
             .arg("-f")
             .arg(testkit::workspace_root().join("deploy/sql/roles.sql"))
@@ -65,11 +71,8 @@ async fn the_operators_roles_script_then_migrate_as_an_owner_without_createrole(
         .unwrap();
     let dir = TempDir(std::env::temp_dir().join(format!("e2e-roles-{}", testkit::free_port())));
     std::fs::create_dir_all(&dir.0).unwrap();
-    let (ingest_port, ingest_admin, relay_admin) = (
-        testkit::free_port(),
-        testkit::free_port(),
-        testkit::free_port(),
-    );
+    let (ingest_port, ingest_admin, relay_admin) =
+        (testkit::free_port(), testkit::free_port(), testkit::free_port());
     let mut ingest = Proc::spawn(
         "webhook-ingest",
         &[
@@ -94,7 +97,14 @@ async fn the_operators_roles_script_then_migrate_as_an_owner_without_createrole(
     wait_ready(&http, &format!("http://127.0.0.1:{ingest_admin}")).await;
     wait_ready(&http, &format!("http://127.0.0.1:{relay_admin}")).await;
     let body = event("evt_1", "payment.succeeded", "pay_1");
-    let r = post_signed(&http, &format!("http://127.0.0.1:{ingest_port}"), &body, SECRET, &[]).await;
+    let r = post_signed(
+        &http,
+        &format!("http://127.0.0.1:{ingest_port}"),
+        &body,
+        SECRET,
+        &[],
+    )
+    .await;
     assert_eq!(r.status(), 200);
     let mut done = 0;
     for _ in 0..200 {

@@ -35,10 +35,11 @@ async fn both_services_work_over_tls_and_verify_full_checks_the_ca_and_the_host_
     let verify_full = |url: &str, ca: &str| format!("{}?sslmode=verify-full&sslrootcert={ca}", by_name(url));
     let (ok, err) = events_list(&verify_full(&ingest_url, &other_ca));
     assert!(!ok && err.contains("UnknownIssuer"), "another CA: {err}");
-    let (ok, err) = events_list(&format!(
-        "{ingest_url}?sslmode=verify-full&sslrootcert={ca}"
-    ));
-    assert!(!ok && err.contains("not valid for name"), "a name the certificate lacks: {err}");
+    let (ok, err) = events_list(&format!("{ingest_url}?sslmode=verify-full&sslrootcert={ca}"));
+    assert!(
+        !ok && err.contains("not valid for name"),
+        "a name the certificate lacks: {err}"
+    );
     let (ok, err) = events_list(&format!("{ingest_url}?sslmode=verify-ca&sslrootcert={ca}"));
     assert!(ok, "verify-ca checks the chain only: {err}");
     let (ok, err) = events_list(&verify_full(&ingest_url, &ca));
@@ -66,11 +67,8 @@ async fn both_services_work_over_tls_and_verify_full_checks_the_ca_and_the_host_
             )
             .await
             .unwrap();
-        let (port, ingest_admin, relay_admin) = (
-            testkit::free_port(),
-            testkit::free_port(),
-            testkit::free_port(),
-        );
+        let (port, ingest_admin, relay_admin) =
+            (testkit::free_port(), testkit::free_port(), testkit::free_port());
         let mut ingest = Proc::spawn(
             "webhook-ingest",
             &[
@@ -96,7 +94,11 @@ async fn both_services_work_over_tls_and_verify_full_checks_the_ca_and_the_host_
         wait_ready(&http, &format!("http://127.0.0.1:{ingest_admin}")).await;
         wait_ready(&http, &format!("http://127.0.0.1:{relay_admin}")).await;
 
-        let body = event(&format!("evt_{order}"), "payment.succeeded", &format!("pay_{order}"));
+        let body = event(
+            &format!("evt_{order}"),
+            "payment.succeeded",
+            &format!("pay_{order}"),
+        );
         let r = post_signed(&http, &format!("http://127.0.0.1:{port}"), &body, SECRET, &[]).await;
         assert_eq!(r.status(), 200, "mode {n}");
         wait_until_done(&admin, order).await;

@@ -21,7 +21,10 @@ pub async fn check(pool: &Pool) -> Result<(), String> {
 
 /// The login role's own `statement_timeout`: what bounds a statement when
 /// no startup `options` can (a transaction-mode pooler).
-const STATEMENT_TIMEOUT: Sql = Sql::new("SELECT current_setting('statement_timeout'), current_user::text", &[]);
+const STATEMENT_TIMEOUT: Sql = Sql::new(
+    "SELECT current_setting('statement_timeout'), current_user::text",
+    &[],
+);
 
 /// Says once, in one line, when the database is not ready at start-up, and
 /// again when it becomes ready (no restart needed). Behind a transaction-mode

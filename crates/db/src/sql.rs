@@ -127,11 +127,7 @@ impl Executor for Client {
                 let statement = self.object().prepare_typed_cached(sql.text, sql.types).await?;
                 self.object().query_one(&statement, params).await
             }
-            PoolMode::Transaction => {
-                self.object()
-                    .query_typed_one(sql.text, &sql.typed(params))
-                    .await
-            }
+            PoolMode::Transaction => self.object().query_typed_one(sql.text, &sql.typed(params)).await,
         }
     }
 

@@ -103,10 +103,9 @@ pub struct Settings {
           value_parser = clap::value_parser!(u32).range(2..=1000), global = true)]
     pub database_pool_size: u32,
 
-    /// How DATABASE_URL reaches Postgres: `session` (directly, or a session-mode pooler: statements
-    /// prepared once per connection) or `transaction` (PgBouncer with pool_mode = transaction:
-    /// unnamed statements, settings from the role; LISTEN then needs RELAY_LISTEN_DATABASE_URL or
-    /// RELAY_LISTEN=false).
+    /// How DATABASE_URL reaches Postgres. Behind PgBouncer in transaction mode: `transaction`, with
+    /// the settings on the login role (deploy/sql/roles.sql); LISTEN then needs
+    /// RELAY_LISTEN_DATABASE_URL (direct) or RELAY_LISTEN=false.
     #[arg(
         long,
         env = "DATABASE_POOL_MODE",

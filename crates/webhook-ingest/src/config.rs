@@ -79,9 +79,8 @@ pub struct Settings {
           value_parser = clap::value_parser!(u32).range(1..=1000), global = true)]
     pub database_pool_size: u32,
 
-    /// How DATABASE_URL reaches Postgres: `session` (directly, or a session-mode pooler: statements
-    /// prepared once per connection) or `transaction` (PgBouncer with pool_mode = transaction:
-    /// unnamed statements, and statement_timeout from the role, ALTER ROLE ... SET).
+    /// How DATABASE_URL reaches Postgres. Behind PgBouncer in transaction mode: `transaction`, with
+    /// statement_timeout set on the login role (deploy/sql/roles.sql).
     #[arg(
         long,
         env = "DATABASE_POOL_MODE",
