@@ -7,3 +7,4 @@ mod pooler;
 mod roles;
 mod run_demo;
 mod tls;
+mod wake;

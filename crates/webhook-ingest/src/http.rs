@@ -28,6 +28,7 @@ pub struct AppState {
     pub verifier: signature::Verifier,
     pub deadline: Duration,
     pub metrics: IngestMetrics,
+    pub notifier: std::sync::Arc<crate::notifier::Notifier>,
 }
 
 /// The handler: the server span, outcome, metrics and logging around [`process`].
@@ -157,7 +158,12 @@ async fn process(
         db_span.record("otel.status_code", "ERROR");
     }
     match result {
-        Ok(Ok(recorded)) => Ok(recorded),
+        Ok(Ok(recorded)) => {
+            if recorded.enqueued > 0 {
+                state.notifier.notify();
+            }
+            Ok(recorded)
+        }
         Ok(Err(e)) if is_retryable(&e) => Err(IngestError::Unavailable(e.to_string())),
         Ok(Err(e)) => Err(anyhow::Error::new(e).context("recording the event").into()),
         Err(_) => {

@@ -9,6 +9,7 @@
 //! - [`storage`]: all SQL; the one-statement claim-and-apply.
 //! - [`error`]: every failure and the status the provider gets.
 //! - [`metrics`]: the Prometheus metrics.
+//! - [`notifier`]: wakes the relays after commits, coalescing `NOTIFY`s.
 //! - [`events`]: `webhook-ingest events list`, for operators.
 #![forbid(unsafe_code)]
 
@@ -17,5 +18,6 @@ pub mod error;
 pub mod events;
 pub mod http;
 pub mod metrics;
+pub mod notifier;
 pub mod startup;
 pub mod storage;

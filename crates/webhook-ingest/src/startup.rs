@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Settings;
 use crate::http::{self, AppState};
 use crate::metrics::IngestMetrics;
+use crate::notifier::Notifier;
 
 pub const WEBHOOK_PATH: &str = "/webhooks/payments";
 
@@ -23,6 +24,7 @@ pub struct Application {
     port: u16,
     admin: AdminServer,
     pool: db::Pool,
+    notifier: Arc<Notifier>,
 }
 
 impl Application {
@@ -48,11 +50,13 @@ impl Application {
 
         let mut registry = Registry::default();
         let metrics = IngestMetrics::register(&mut registry);
+        let notifier = Arc::new(Notifier::default());
         let state = web::Data::new(AppState {
             pool: pool.clone(),
             verifier,
             deadline,
             metrics,
+            notifier: notifier.clone(),
         });
 
         let listener = TcpListener::bind(settings.ingest_listen_addr)
@@ -84,6 +88,7 @@ impl Application {
             port,
             admin,
             pool,
+            notifier,
         })
     }
 
@@ -99,6 +104,11 @@ impl Application {
     /// the requests in flight (each bounded by its deadline) and returns.
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         tokio::spawn(db::ready::announce(self.pool.clone()));
+        let stop_notifier = CancellationToken::new();
+        let notifier = {
+            let (notifier, pool, stop) = (self.notifier.clone(), self.pool.clone(), stop_notifier.clone());
+            tokio::spawn(async move { notifier.run(pool, stop).await })
+        };
         let admin_handle = self.admin.handle();
         let admin = tokio::spawn(self.admin.run());
         let handle = self.server.handle();
@@ -109,6 +119,10 @@ impl Application {
         });
         let served = self.server.await;
         stopper.abort();
+        // The last commits' NOTIFY: give it a moment, it is one round trip.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        stop_notifier.cancel();
+        let _ = notifier.await;
         admin_handle.stop(true).await;
         let _ = admin.await;
         self.pool.close();
