@@ -26,15 +26,6 @@ pub enum PoolMode {
     Transaction,
 }
 
-impl PoolMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Session => "session",
-            Self::Transaction => "transaction",
-        }
-    }
-}
-
 /// A pool of connections, all of one [`PoolMode`].
 #[derive(Clone)]
 pub struct Pool {
