@@ -11,13 +11,16 @@
 //! effect, nothing is pending or leased, and the provider got a 2xx for every
 //! event.
 //!
+//! The services log in as members of the least-privilege roles
+//! (`migrations/V2__roles.sql`), as in production.
+//!
 //! `CHAOS_EVENTS` and `CHAOS_RATE` scale it (`make soak`).
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use simulator::downstream::{DownstreamConfig, Faults, Latency};
-use testkit::PrivateCluster;
+use testkit::{PrivateCluster, Role};
 
 use crate::harness::{Proc, SECRET, TempDir};
 
@@ -117,6 +120,9 @@ async fn exactly_once_effects_survive_kills_restarts_and_a_faulty_downstream() {
         .await
         .unwrap();
     drop(client);
+    // The services log in with least privilege, as in production.
+    let ingest_url = testkit::login_url(&url, Role::Ingest).await;
+    let relay_url = testkit::login_url(&url, Role::Relay).await;
 
     let downstream = simulator::downstream::spawn(DownstreamConfig {
         faults: Faults {
@@ -137,12 +143,12 @@ async fn exactly_once_effects_survive_kills_restarts_and_a_faulty_downstream() {
         ingest_admin: [testkit::free_port(), testkit::free_port()],
     };
     let mut ingests = vec![
-        Proc::spawn("webhook-ingest", &ingest_env(&url, &ports, 0), &dir.0),
-        Proc::spawn("webhook-ingest", &ingest_env(&url, &ports, 1), &dir.0),
+        Proc::spawn("webhook-ingest", &ingest_env(&ingest_url, &ports, 0), &dir.0),
+        Proc::spawn("webhook-ingest", &ingest_env(&ingest_url, &ports, 1), &dir.0),
     ];
     let mut relays = vec![
-        Proc::spawn("outbox-relay", &relay_env(&url, &downstream.url()), &dir.0),
-        Proc::spawn("outbox-relay", &relay_env(&url, &downstream.url()), &dir.0),
+        Proc::spawn("outbox-relay", &relay_env(&relay_url, &downstream.url()), &dir.0),
+        Proc::spawn("outbox-relay", &relay_env(&relay_url, &downstream.url()), &dir.0),
     ];
     let http = testkit::http();
     for port in ports.ingest_admin {
@@ -222,7 +228,7 @@ async fn exactly_once_effects_survive_kills_restarts_and_a_faulty_downstream() {
         if now >= next_relay_kill {
             let victim = killed_relay % relays.len();
             relays[victim].signal("KILL");
-            relays[victim] = Proc::spawn("outbox-relay", &relay_env(&url, &downstream.url()), &dir.0);
+            relays[victim] = Proc::spawn("outbox-relay", &relay_env(&relay_url, &downstream.url()), &dir.0);
             killed_relay += 1;
             tally.relay_kills += 1;
             next_relay_kill = now + Duration::from_secs(4);
@@ -231,7 +237,7 @@ async fn exactly_once_effects_survive_kills_restarts_and_a_faulty_downstream() {
             ingests[0].signal("KILL");
             let _ = ingests[0].child.wait();
             tokio::time::sleep(Duration::from_millis(800)).await;
-            ingests[0] = Proc::spawn("webhook-ingest", &ingest_env(&url, &ports, 0), &dir.0);
+            ingests[0] = Proc::spawn("webhook-ingest", &ingest_env(&ingest_url, &ports, 0), &dir.0);
             tally.ingest_kills += 1;
         }
         if tally.postgres_restarts == 0 && now >= restart_at {
