@@ -405,7 +405,7 @@ pub async fn wait_ready(http: &reqwest::Client, admin: &str) {
             return;
         }
         assert!(
-            started.elapsed() < Duration::from_secs(20),
+            started.elapsed() < Duration::from_secs(60),
             "{admin} never became ready"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
