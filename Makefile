@@ -55,3 +55,8 @@ db-url:
 ## Stop the throwaway cluster (its data stays under /tmp for the next run).
 db-stop:
 	@scripts/pg-cluster.sh stop
+
+## The benchmark (SPEC section 8): a table, target/bench/report.json and report.md.
+## BENCH_QUICK=1 for a short run (under 2 minutes); see scripts/bench.py.
+bench: release
+	scripts/with-db.sh python3 scripts/bench.py
