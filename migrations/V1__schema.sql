@@ -68,7 +68,10 @@ CREATE TABLE outbox (
     leased_until    timestamptz,
     last_error      text,
     -- When the row left `pending` (done, dead or cancelled).
-    finished_at     timestamptz
+    finished_at     timestamptz,
+    -- Only a pending row can be leased: the relay's completion is fenced on
+    -- the lease alone and relies on it.
+    CONSTRAINT outbox_lease_only_when_pending CHECK (lease_owner IS NULL OR status = 'pending')
 )
 -- Room on each page for the lease and completion updates to stay on the page
 -- (HOT): the table is written three times per row in a few seconds.

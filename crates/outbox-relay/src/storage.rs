@@ -71,7 +71,10 @@ UPDATE outbox AS o
        leased_until = NULL,
        last_error = CASE v.outcome WHEN 'done' THEN NULL WHEN 'release' THEN o.last_error ELSE v.error END
   FROM unnest($1::int8[], $2::text[], $3::int8[], $4::text[], $5::int4[]) AS v(id, outcome, delay_ms, error, attempt)
- WHERE o.id = v.id AND o.lease_owner = $6 AND o.attempts = v.attempt AND o.status = 'pending'
+ -- Only a leased row has an owner, and only a pending row is leased: the
+ -- fence alone says: still ours, still pending (and leaves the planner no
+ -- reason to walk the pending-rows index instead of the primary key).
+ WHERE o.id = v.id AND o.lease_owner = $6 AND o.attempts = v.attempt
 RETURNING o.id, o.status, extract(epoch FROM now() - o.created_at)::float8",
     // ids, outcomes, delays (ms), errors, the claims' attempt numbers, lease owner
     &[Type::INT8_ARRAY, Type::TEXT_ARRAY, Type::INT8_ARRAY, Type::TEXT_ARRAY, Type::INT4_ARRAY, Type::TEXT],

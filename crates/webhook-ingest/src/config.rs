@@ -133,6 +133,15 @@ pub struct Settings {
           value_parser = clap::value_parser!(u64).range(10..=120_000), global = true)]
     pub ingest_deadline_ms: u64,
 
+    /// Requests handled at once; beyond it, a request is answered 503 with
+    /// Retry-After at once instead of queueing for a database connection.
+    /// Load shedding: under overload, memory and latency stay bounded and the
+    /// provider retries later, instead of every request waiting out its
+    /// deadline.
+    #[arg(long, env = "INGEST_MAX_IN_FLIGHT", default_value_t = 256,
+          value_parser = clap::value_parser!(u32).range(1..=100_000), global = true)]
+    pub ingest_max_in_flight: u32,
+
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "json", global = true)]
     pub log_format: LogFormat,
 }

@@ -32,6 +32,8 @@ pub enum IngestError {
     Unavailable(String),
     #[error("deadline exceeded")]
     Deadline,
+    #[error("too many requests in flight")]
+    Overloaded,
     #[error(transparent)]
     Unexpected(#[from] anyhow::Error),
 }
@@ -42,7 +44,7 @@ impl IngestError {
             Self::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Signature(_) => StatusCode::UNAUTHORIZED,
             Self::Malformed(_) | Self::BodyRead(_) => StatusCode::BAD_REQUEST,
-            Self::Unavailable(_) | Self::Deadline => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Unavailable(_) | Self::Deadline | Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             Self::Unexpected(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -53,7 +55,7 @@ impl IngestError {
             Self::TooLarge => "too_large",
             Self::Signature(_) => "invalid_signature",
             Self::Malformed(_) | Self::BodyRead(_) => "malformed",
-            Self::Unavailable(_) | Self::Deadline => "unavailable",
+            Self::Unavailable(_) | Self::Deadline | Self::Overloaded => "unavailable",
             Self::Unexpected(_) => "internal_error",
         }
     }
@@ -61,7 +63,9 @@ impl IngestError {
     /// What the provider reads.
     fn public_message(&self) -> String {
         match self {
-            Self::Unavailable(_) | Self::Deadline => "temporarily unavailable, retry later".into(),
+            Self::Unavailable(_) | Self::Deadline | Self::Overloaded => {
+                "temporarily unavailable, retry later".into()
+            }
             Self::Unexpected(_) => "internal error".into(),
             other => other.to_string(),
         }
@@ -93,6 +97,7 @@ mod tests {
             (IngestError::BodyRead("reset".into()), 400, "malformed"),
             (IngestError::Unavailable("down".into()), 503, "unavailable"),
             (IngestError::Deadline, 503, "unavailable"),
+            (IngestError::Overloaded, 503, "unavailable"),
             (anyhow::anyhow!("bug").into(), 500, "internal_error"),
         ];
         for (err, status, label) in cases {

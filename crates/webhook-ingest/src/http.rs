@@ -29,6 +29,8 @@ pub struct AppState {
     pub deadline: Duration,
     pub metrics: IngestMetrics,
     pub notifier: std::sync::Arc<crate::notifier::Notifier>,
+    /// Permits for requests in flight (`INGEST_MAX_IN_FLIGHT`).
+    pub in_flight: std::sync::Arc<tokio::sync::Semaphore>,
 }
 
 /// The handler: the server span, outcome, metrics and logging around [`process`].
@@ -57,25 +59,26 @@ pub async fn receive(req: HttpRequest, body: web::Payload, state: web::Data<AppS
     }
     let trace_context = service::traces::traceparent_for(&span, incoming);
     async move {
-        let (response, outcome) = match process(&req, body, &state, deadline, &trace_context).await {
+        // Shed load before doing any work: a full house answers at once.
+        let permit = state.in_flight.clone().try_acquire_owned();
+        let result = match permit {
+            Ok(_permit) => process(&req, body, &state, deadline, &trace_context).await,
+            Err(_) => Err(IngestError::Overloaded),
+        };
+        let (response, outcome) = match result {
             Ok(recorded) => {
                 let outcome = if recorded.claimed {
                     outcome_of(&recorded)
                 } else {
                     "duplicate"
                 };
-                tracing::info!(
-                    outcome,
-                    enqueued = recorded.enqueued,
-                    cancelled = recorded.cancelled,
-                    "webhook accepted"
-                );
+                tracing::info!(outcome, enqueued = recorded.enqueued, "webhook accepted");
                 (accepted(recorded), outcome)
             }
             Err(err) => {
                 match &err {
                     IngestError::Unexpected(e) => tracing::error!(error = format!("{e:#}"), "webhook failed"),
-                    IngestError::Unavailable(_) | IngestError::Deadline => {
+                    IngestError::Unavailable(_) | IngestError::Deadline | IngestError::Overloaded => {
                         tracing::warn!(error = %err, "webhook not processed, provider told to retry")
                     }
                     _ => tracing::info!(error = %err, "webhook rejected"),

@@ -57,6 +57,9 @@ impl Application {
             deadline,
             metrics,
             notifier: notifier.clone(),
+            in_flight: Arc::new(tokio::sync::Semaphore::new(
+                settings.ingest_max_in_flight as usize,
+            )),
         });
 
         let listener = TcpListener::bind(settings.ingest_listen_addr)

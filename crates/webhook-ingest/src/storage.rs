@@ -38,8 +38,15 @@ const STATES: [Option<OrderStatus>; 4] = [
     Some(OrderStatus::Refunded),
 ];
 
-const RECORD_EVENT: Sql = Sql::new(
-    r#"
+/// The claim-and-apply statement, with optional extra CTEs (the refund's
+/// cancellation) before the outbox insert. One text per shape, so each
+/// prepared statement carries only the steps its events can take: executor
+/// start-up is a large share of the database's work per webhook, and it grows
+/// with every node in the plan.
+macro_rules! record_event {
+    ($($extra:literal)?) => {
+        concat!(
+            r#"
 WITH ord AS (
     SELECT id, status FROM orders WHERE payment_id = $3 FOR UPDATE
 ), st AS (
@@ -56,57 +63,87 @@ WITH ord AS (
     ON CONFLICT (event_id) DO UPDATE
         SET deliveries = pe.deliveries + 1, last_delivered_at = now()
     RETURNING (pe.xmax = 0) AS claimed, pe.result::text AS body, pe.status
-), act AS (
-    SELECT st.order_id, st.s FROM st, claim WHERE claim.claimed AND st.order_id IS NOT NULL
 ), order_update AS (
-    UPDATE orders SET status = ($5::text[])[act.s], updated_at = now()
-    FROM act
-    WHERE orders.id = act.order_id AND ($5::text[])[act.s] IS NOT NULL
-    RETURNING orders.id
-), cancelled AS (
-    -- Only rows no relay holds: an expired lease counts as not held.
-    UPDATE outbox SET status = 'cancelled', finished_at = now(), lease_owner = NULL, leased_until = NULL,
-                      last_error = 'cancelled by ' || $1
-    FROM act
-    WHERE ($7::bool[])[act.s]
-      AND outbox.idempotency_key = $13 || '-' || act.order_id
-      AND outbox.status = 'pending'
-      AND (outbox.leased_until IS NULL OR outbox.leased_until <= now())
-    RETURNING outbox.id
-), enqueued AS (
+    UPDATE orders SET status = ($5::text[])[st.s], updated_at = now()
+    FROM st, claim
+    WHERE claim.claimed AND orders.id = st.order_id AND ($5::text[])[st.s] IS NOT NULL
+)"#,
+            $($extra,)?
+            r#", enqueued AS (
     INSERT INTO outbox (kind, payload, idempotency_key, event_id, order_id, trace_context)
     SELECT k.kind,
-           jsonb_build_object('v', $10::int4, 'order_id', act.order_id, 'event_id', $1::text),
-           k.prefix || '-' || act.order_id, $1, act.order_id, $9
-    FROM act, unnest($11::text[], $12::text[]) WITH ORDINALITY AS k(kind, prefix, n)
-    WHERE (($6::int4[])[act.s] >> (k.n - 1)::int4) & 1 = 1
+           jsonb_build_object('v', $10::int4, 'order_id', st.order_id, 'event_id', $1::text),
+           k.prefix || '-' || st.order_id, $1, st.order_id, $9
+    FROM st, claim, unnest($11::text[], $12::text[]) WITH ORDINALITY AS k(kind, prefix, n)
+    WHERE claim.claimed AND st.order_id IS NOT NULL
+      AND (($6::int4[])[st.s] >> (k.n - 1)::int4) & 1 = 1
     ORDER BY k.n
     -- One effect per order and kind, whatever the number of events.
     ON CONFLICT (idempotency_key) DO NOTHING
-    RETURNING id
+    RETURNING 1
 )
-SELECT claim.claimed,
-       claim.body,
-       claim.status,
-       (SELECT count(*) FROM enqueued)::int4 AS enqueued,
-       (SELECT count(*) FROM cancelled)::int4 AS cancelled,
-       (SELECT count(*) FROM order_update)::int4 AS updated
+SELECT claim.claimed, claim.body, claim.status, (SELECT count(*) FROM enqueued)::int4
 FROM claim
+"#
+        )
+    };
+}
+
+const RECORD_TYPES: &[Type] = &[
+    Type::TEXT,       // $1 event id
+    Type::TEXT,       // $2 event type
+    Type::TEXT,       // $3 payment id
+    Type::TEXT_ARRAY, // $4 outcome per state
+    Type::TEXT_ARRAY, // $5 new order status per state
+    Type::INT4_ARRAY, // $6 enqueue mask per state
+    Type::BOOL_ARRAY, // $7 cancel the unsent shipment, per state
+    Type::TEXT,       // $8 the raw body (stored as jsonb)
+    Type::TEXT,       // $9 traceparent
+    Type::INT4,       // $10 payload version
+    Type::TEXT_ARRAY, // $11 command kinds
+    Type::TEXT_ARRAY, // $12 their key prefixes
+    Type::TEXT,       // $13 the shipment's key prefix
+];
+
+/// Events that change orders and enqueue commands (payments).
+const RECORD_EVENT: Sql = Sql::new(record_event!(), RECORD_TYPES);
+
+/// The same, for events that may also cancel an unsent shipment (refunds).
+const RECORD_EVENT_CANCELLING: Sql = Sql::new(
+    record_event!(
+        r#", cancelled AS (
+    -- The order's shipment, found by its unique key (a scalar subquery, so
+    -- the plan is one index lookup whatever the statistics say about pending
+    -- rows), cancelled only if still pending and held by no relay (an
+    -- expired lease counts as not held).
+    UPDATE outbox SET status = 'cancelled', finished_at = now(), lease_owner = NULL, leased_until = NULL,
+                      last_error = 'cancelled by ' || $1
+    WHERE outbox.id = (SELECT s.id FROM outbox AS s, st, claim
+                        WHERE claim.claimed AND ($7::bool[])[st.s]
+                          AND s.idempotency_key = $13 || '-' || st.order_id)
+      AND outbox.status = 'pending'
+      AND (outbox.leased_until IS NULL OR outbox.leased_until <= now())
+)"#
+    ),
+    RECORD_TYPES,
+);
+
+/// Events whose outcome does not depend on any order and that change
+/// nothing (types we ignore): the claim alone.
+const RECORD_CLAIM_ONLY: Sql = Sql::new(
+    r#"
+INSERT INTO processed_events AS pe (event_id, event_type, status, result, payload, trace_context)
+VALUES ($1, $2, $3, jsonb_build_object('event_id', $1::text, 'status', $3::text), $4::text::jsonb, $5)
+ON CONFLICT (event_id) DO UPDATE
+    SET deliveries = pe.deliveries + 1, last_delivered_at = now()
+RETURNING (pe.xmax = 0) AS claimed, pe.result::text AS body, pe.status, 0::int4
 "#,
     &[
-        Type::TEXT,       // $1 event id
-        Type::TEXT,       // $2 event type
-        Type::TEXT,       // $3 payment id
-        Type::TEXT_ARRAY, // $4 outcome per state
-        Type::TEXT_ARRAY, // $5 new order status per state
-        Type::INT4_ARRAY, // $6 enqueue mask per state
-        Type::BOOL_ARRAY, // $7 cancel the unsent shipment, per state
-        Type::TEXT,       // $8 the raw body (stored as jsonb)
-        Type::TEXT,       // $9 traceparent
-        Type::INT4,       // $10 payload version
-        Type::TEXT_ARRAY, // $11 command kinds
-        Type::TEXT_ARRAY, // $12 their key prefixes
-        Type::TEXT,       // $13 the shipment's key prefix
+        Type::TEXT, // $1 event id
+        Type::TEXT, // $2 event type
+        Type::TEXT, // $3 outcome
+        Type::TEXT, // $4 the raw body (stored as jsonb)
+        Type::TEXT, // $5 traceparent
     ],
 );
 
@@ -120,7 +157,6 @@ pub struct Recorded {
     /// The event's recorded `status` (an [`domain::Outcome`] name).
     pub status: String,
     pub enqueued: i32,
-    pub cancelled: i32,
 }
 
 /// The per-state arrays the statement picks from.
@@ -128,7 +164,43 @@ struct Plan {
     outcomes: Vec<&'static str>,
     new_status: Vec<Option<&'static str>>,
     enqueue_mask: Vec<i32>,
+    /// `CommandKind::ALL` as names and key prefixes (bit `i` of a mask is `kinds[i]`).
+    kinds: Vec<&'static str>,
+    prefixes: Vec<&'static str>,
     cancel: Vec<bool>,
+}
+
+impl Plan {
+    /// The outcome, when it is the same whatever the order's state and the
+    /// event changes nothing: then the order need not even be looked up.
+    fn claim_only(&self) -> Option<&'static str> {
+        let first = self.outcomes[0];
+        let uniform = self.outcomes.iter().all(|o| *o == first);
+        let inert = self.new_status.iter().all(Option::is_none)
+            && self.enqueue_mask.iter().all(|m| *m == 0)
+            && !self.cancels();
+        (uniform && inert).then_some(first)
+    }
+
+    fn cancels(&self) -> bool {
+        self.cancel.iter().any(|c| *c)
+    }
+}
+
+/// The plan of each event kind, computed once.
+fn plan_for(kind: EventKind) -> &'static Plan {
+    static PLANS: std::sync::LazyLock<[Plan; 3]> = std::sync::LazyLock::new(|| {
+        [
+            plan(EventKind::PaymentSucceeded),
+            plan(EventKind::PaymentRefunded),
+            plan(EventKind::Other),
+        ]
+    });
+    match kind {
+        EventKind::PaymentSucceeded => &PLANS[0],
+        EventKind::PaymentRefunded => &PLANS[1],
+        EventKind::Other => &PLANS[2],
+    }
 }
 
 fn plan(kind: EventKind) -> Plan {
@@ -137,6 +209,8 @@ fn plan(kind: EventKind) -> Plan {
         new_status: Vec::with_capacity(4),
         enqueue_mask: Vec::with_capacity(4),
         cancel: Vec::with_capacity(4),
+        kinds: CommandKind::ALL.iter().map(|k| k.as_str()).collect(),
+        prefixes: CommandKind::ALL.iter().map(|k| k.key_prefix()).collect(),
     };
     for state in STATES {
         let t = transition(kind, state);
@@ -166,35 +240,46 @@ pub async fn record_event(
     raw_body: &str,
     trace_context: Option<&str>,
 ) -> Result<Recorded, tokio_postgres::Error> {
-    let plan = plan(event.kind);
-    let kinds: Vec<&str> = CommandKind::ALL.iter().map(|k| k.as_str()).collect();
-    let prefixes: Vec<&str> = CommandKind::ALL.iter().map(|k| k.key_prefix()).collect();
-    let row = RECORD_EVENT
-        .query_one(
-            client,
-            &[
-                &event.id,
-                &event.event_type,
-                &event.payment_id,
-                &plan.outcomes,
-                &plan.new_status,
-                &plan.enqueue_mask,
-                &plan.cancel,
-                &raw_body,
-                &trace_context,
-                &PAYLOAD_VERSION,
-                &kinds,
-                &prefixes,
-                &CommandKind::ShipOrder.key_prefix(),
-            ],
-        )
-        .await?;
+    let plan = plan_for(event.kind);
+    let row = if let Some(outcome) = plan.claim_only() {
+        RECORD_CLAIM_ONLY
+            .query_one(
+                client,
+                &[&event.id, &event.event_type, &outcome, &raw_body, &trace_context],
+            )
+            .await?
+    } else {
+        let statement = if plan.cancels() {
+            &RECORD_EVENT_CANCELLING
+        } else {
+            &RECORD_EVENT
+        };
+        statement
+            .query_one(
+                client,
+                &[
+                    &event.id,
+                    &event.event_type,
+                    &event.payment_id,
+                    &plan.outcomes,
+                    &plan.new_status,
+                    &plan.enqueue_mask,
+                    &plan.cancel,
+                    &raw_body,
+                    &trace_context,
+                    &PAYLOAD_VERSION,
+                    &plan.kinds,
+                    &plan.prefixes,
+                    &CommandKind::ShipOrder.key_prefix(),
+                ],
+            )
+            .await?
+    };
     Ok(Recorded {
         claimed: row.get(0),
         body: row.get(1),
         status: row.get(2),
         enqueued: row.get(3),
-        cancelled: row.get(4),
     })
 }
 
@@ -281,22 +366,43 @@ mod tests {
     }
 
     #[test]
+    fn each_kind_gets_the_smallest_statement_that_does_its_work() {
+        assert_eq!(plan_for(EventKind::Other).claim_only(), Some("ignored"));
+        assert_eq!(plan_for(EventKind::PaymentSucceeded).claim_only(), None);
+        assert!(!plan_for(EventKind::PaymentSucceeded).cancels());
+        assert_eq!(plan_for(EventKind::PaymentRefunded).claim_only(), None);
+        assert!(plan_for(EventKind::PaymentRefunded).cancels());
+        assert!(!RECORD_EVENT.text.contains("cancelled AS"));
+        assert!(RECORD_EVENT_CANCELLING.text.contains("cancelled AS"));
+    }
+
+    #[test]
     fn the_relays_are_woken_on_their_channel_outside_the_claim() {
         assert!(
             WAKE_RELAYS
                 .text
                 .contains(&format!("pg_notify('{NOTIFY_CHANNEL}'"))
         );
-        assert!(
-            !RECORD_EVENT.text.contains("pg_notify"),
-            "a NOTIFY in the claim serialises commits"
-        );
+        for sql in [&RECORD_EVENT, &RECORD_EVENT_CANCELLING, &RECORD_CLAIM_ONLY] {
+            assert!(
+                !sql.text.contains("pg_notify"),
+                "a NOTIFY in the claim serialises commits"
+            );
+        }
     }
 
     #[test]
     fn every_statement_declares_a_type_per_parameter() {
-        for sql in [&RECORD_EVENT, &LIST_EVENTS, &WAKE_RELAYS] {
+        for sql in [
+            &RECORD_EVENT_CANCELLING,
+            &RECORD_CLAIM_ONLY,
+            &LIST_EVENTS,
+            &WAKE_RELAYS,
+        ] {
             assert_eq!(sql.placeholders(), sql.types.len(), "{}", sql.text);
         }
+        // Shares its sibling's parameters; only the shipment's key prefix
+        // ($13, for the cancellation) goes unused.
+        assert_eq!(RECORD_EVENT.placeholders(), RECORD_TYPES.len() - 1);
     }
 }

@@ -149,3 +149,47 @@ async fn migrate_is_safe_concurrently_and_repeatedly() {
         .get(0);
     assert_eq!(applied as i32, db::migrate::expected_version());
 }
+
+/// Past INGEST_MAX_IN_FLIGHT, a request is answered 503 at once (load
+/// shedding), and the one in flight still completes.
+#[tokio::test]
+async fn beyond_the_in_flight_limit_requests_are_shed_at_once() {
+    let app = spawn_app_with(&["--ingest-max-in-flight", "1", "--ingest-deadline-ms", "3000"]).await;
+    app.insert_order(1, "pay_1", "pending").await;
+    app.insert_order(2, "pay_2", "pending").await;
+    let blocker = app.db.as_ref().unwrap().client().await;
+    blocker
+        .batch_execute("BEGIN; SELECT * FROM orders WHERE id = 1 FOR UPDATE")
+        .await
+        .unwrap();
+    let slow = {
+        let body = event("evt_held", "payment.succeeded", "pay_1");
+        let headers = crate::helpers::standard_headers(crate::helpers::SECRET, crate::helpers::now(), &body);
+        let (http, url) = (app.http.clone(), app.url.clone());
+        tokio::spawn(async move {
+            let mut req = http.post(format!("{url}/webhooks/payments")).body(body);
+            for (k, v) in &headers {
+                req = req.header(*k, v);
+            }
+            req.send().await.unwrap().status().as_u16()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = std::time::Instant::now();
+    let shed = app.post(&event("evt_shed", "payment.succeeded", "pay_2")).await;
+    assert_eq!(shed.status(), 503);
+    assert!(shed.headers().contains_key("retry-after"));
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "shed at once, not queued"
+    );
+    blocker.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(slow.await.unwrap(), 200);
+    assert_eq!(
+        app.count("SELECT count(*) FROM processed_events").await,
+        1,
+        "the shed request wrote nothing"
+    );
+    let retried = app.post(&event("evt_shed", "payment.succeeded", "pay_2")).await;
+    assert_eq!(retried.status(), 200, "its retry goes through");
+}
