@@ -22,7 +22,11 @@ What it does, in order (each phase's wall time is in the report):
  6. e2e       webhook accepted -> downstream effect, idle (events one by one)
               and while a provider load runs at half of peak.
  7. tracing   a short 64-sender run with and without OTLP export (to a local sink).
- 8. growth    64 senders and the relay's claim with 1M / 10M processed events
+ 8. prune     retention under load: 1M done outbox rows and 1M processed events
+              30 days old (quick: 50k and 50k); the ingest at half of peak (open
+              loop) for a baseline window, then while `outbox-relay prune`
+              deletes them: p50/p99 of both, the prune's time and rows/s.
+ 9. growth    64 senders and the relay's claim with 1M / 10M processed events
               and 1M done outbox rows (quick: 100k / 500k and 100k); a history
               the time budget cannot generate is cut, and the report says so.
 
@@ -77,6 +81,9 @@ if QUICK:
         growth_secs=3.0,
         growth_histories=(100_000, 500_000),
         growth_outbox_done=100_000,
+        prune_outbox_rows=50_000,
+        prune_events=50_000,
+        prune_timeout_secs=90,
         product_history=5_000,
         budget_secs=110,
     )
@@ -93,6 +100,9 @@ else:
         growth_secs=8.0,
         growth_histories=(1_000_000, 10_000_000),
         growth_outbox_done=1_000_000,
+        prune_outbox_rows=1_000_000,
+        prune_events=1_000_000,
+        prune_timeout_secs=240,
         product_history=50_000,
         budget_secs=560,
     )
@@ -114,6 +124,10 @@ E2E_IDLE_ORDER0 = 990_000
 E2E_LOAD_ORDER0 = 995_000
 HISTORY_ORDER0 = 5_000_000
 DRAIN_ORDER0 = 20_000_000
+PRUNE_ORDER0 = 40_000_000
+# The prune phase's old rows are this old; the prune runs with the default retention.
+PRUNE_AGE_DAYS = 30
+RETENTION_DAYS = 7
 
 # The product reads these; the bench measures its defaults, so they are unset
 # for the processes it starts (and recorded if the caller had set them).
@@ -406,10 +420,12 @@ def clean_env(extra: dict | None = None) -> dict:
 # --------------------------------------------------------------------------
 # SQL of the setup, the resets and the history generators.
 
-def history_events_sql(first: int, last: int, total: int) -> str:
+def history_events_sql(first: int, last: int, total: int, *, seed: str = "hist",
+                       order0: int = HISTORY_ORDER0, days_ago: int = 0) -> str:
     """Processed events as the ingest writes them, `processed_at` spread over the
-    last six days (inside the 7-day retention, so nothing is pruned), ids random
-    like a real provider's (evt_ + 24 hex)."""
+    six days before `days_ago` (by default the last six, inside the 7-day
+    retention, so nothing is pruned), ids random like a real provider's
+    (evt_ + 24 hex of md5(seed || n)), orders `order0` + n."""
     return f"""
 INSERT INTO processed_events (event_id, event_type, status, processed_at, result, payload, order_id,
                               deliveries, last_delivered_at, trace_context)
@@ -419,22 +435,24 @@ SELECT 'evt_' || h, 'payment.succeeded', 'processed', t,
         || '","amount":4200,"currency":"gbp"}}}}')::jsonb,
        o, 1, t, '{TRACEPARENT}'
 FROM generate_series({first}, {last}) n,
-     LATERAL (SELECT now() - ({total} - n) * (interval '6 days' / {total}) AS t, {HISTORY_ORDER0} + n AS o,
-                     substr(md5('hist' || n), 1, 24) AS h OFFSET 0) x
+     LATERAL (SELECT now() - interval '{days_ago} days' - ({total} - n) * (interval '6 days' / {total}) AS t,
+                     {order0} + n AS o, substr(md5('{seed}' || n), 1, 24) AS h OFFSET 0) x
 """
 
 
-def history_outbox_sql(first: int, last: int, total: int) -> str:
-    """Done outbox rows (two per order: shipment and confirmation), finished
-    ~20 ms after they were created, over the last six days."""
+def history_outbox_sql(first: int, last: int, total: int, *, order0: int = HISTORY_ORDER0,
+                       days_ago: int = 0) -> str:
+    """Done outbox rows (two per order `order0` + n: shipment and confirmation),
+    finished ~20 ms after they were created, over the six days before
+    `days_ago` (by default the last six)."""
     return f"""
 INSERT INTO outbox (kind, payload, idempotency_key, status, attempts, event_id, order_id, trace_context,
                     created_at, available_at, finished_at)
 SELECT k.kind, ('{{"v":1,"order_id":' || o || ',"event_id":"evt_h' || o || '"}}')::jsonb, k.prefix || '-' || o,
        'done', 1, 'evt_h' || o, o, '{TRACEPARENT}', t, t, t + interval '20 milliseconds'
 FROM generate_series({first}, {last}) n,
-     LATERAL (SELECT now() - ({total} - n) * (interval '6 days' / {total}) AS t,
-                     {HISTORY_ORDER0} + n AS o) x,
+     LATERAL (SELECT now() - interval '{days_ago} days' - ({total} - n) * (interval '6 days' / {total}) AS t,
+                     {order0} + n AS o) x,
      (VALUES ('ship_order', 'ship'), ('send_confirmation', 'conf')) AS k(kind, prefix)
 """
 
@@ -641,9 +659,11 @@ def parse_summary(out: str, what: str) -> dict:
     raise BenchError(f"{what}: no JSON summary on stdout")
 
 
-def provider_run(target: str, tag: str, ingest: Service | None = None, **kw) -> dict:
+def provider_run(target: str, tag: str, ingest: Service | None = None, during=None, **kw) -> dict:
     """One provider run to completion; its summary plus the ingest's CPU and
-    the machine's CPU use during the run."""
+    the machine's CPU use during the run. With `during`, a function called once
+    the provider has started: the run ends (SIGTERM, the provider then prints
+    its summary) when it returns, if `secs` has not ended it before."""
     secs = kw["secs"]
     cpu0 = ingest.cpu() if ingest else None
     meter = CpuMeter()
@@ -651,6 +671,10 @@ def provider_run(target: str, tag: str, ingest: Service | None = None, **kw) -> 
         p = PROCS.popen(f"provider {tag}", provider_args(target, tag, **kw), env=clean_env(),
                         stdout=subprocess.PIPE, stderr=errf)
         try:
+            if during is not None:
+                during()
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
             out, _ = p.communicate(timeout=secs + 120)
         except subprocess.TimeoutExpired:
             raise BenchError(f"provider {tag} did not finish within {secs + 120:.0f}s")
@@ -825,6 +849,60 @@ def e2e_latencies(services: Services, sent: list[tuple[int, float]], timeout: fl
     return {"events": len(want), "delivered": len(lat), "p50_ms": pct(lat, 50), "p90_ms": pct(lat, 90),
             "p99_ms": pct(lat, 99), "max_ms": round(max(lat), 1) if lat else None,
             "min_ms": round(min(lat), 1) if lat else None}
+
+
+# --------------------------------------------------------------------------
+# What the database was doing during a run, for the prune phase's figures.
+
+
+class WaitSampler:
+    """Samples pg_stat_activity every `interval` s from one session in a thread:
+    per application (the ingest, the prune, autovacuum), how often a backend was
+    active and on what it waited ("CPU" when on nothing)."""
+
+    SQL = (f"SELECT CASE WHEN backend_type = 'autovacuum worker' THEN 'autovacuum' ELSE application_name END, "
+           f"coalesce(wait_event_type || ':' || wait_event, 'CPU'), count(*) FROM pg_stat_activity "
+           f"WHERE datname = current_database() AND pid <> pg_backend_pid() AND (backend_type = 'autovacuum worker' "
+           f"OR (state = 'active' AND application_name IN ('webhook-ingest', 'outbox-relay-prune'))) "
+           f"GROUP BY 1, 2;")
+
+    def __init__(self, db: Db, name: str, interval: float = 0.2) -> None:
+        self.session = Session(db, name)
+        self.interval = interval
+        self.samples = 0
+        self.counts: dict[str, dict[str, int]] = {}
+        self.error: str | None = None
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self) -> None:
+        try:
+            while not self.done.is_set():
+                for row in self.session.query(self.SQL, timeout=30):
+                    app, wait, n = row.split("|")
+                    waits = self.counts.setdefault(app, {})
+                    waits[wait] = waits.get(wait, 0) + int(n)
+                self.samples += 1
+                self.done.wait(self.interval)
+        except BenchError as e:
+            self.error = str(e)
+
+    def stop(self) -> dict:
+        """Per application: active backends on average, and the top waits as
+        shares of the active samples."""
+        self.done.set()
+        self.thread.join(timeout=35)
+        self.session.close()
+        out: dict = {"samples": self.samples}
+        for app, waits in sorted(self.counts.items()):
+            total = sum(waits.values())
+            top = sorted(waits.items(), key=lambda kv: -kv[1])[:6]
+            out[app] = {"active_avg": round(total / max(self.samples, 1), 2),
+                        "waits_pct": {w: round(100 * n / total, 1) for w, n in top}}
+        if self.error:
+            out["error"] = self.error
+        return out
 
 
 # --------------------------------------------------------------------------
@@ -1307,7 +1385,155 @@ class Bench:
         if exported["requests"] == 0:
             self.errors["tracing"] = "the OTLP sink received nothing: was anything exported?"
 
-    # 8. growth ------------------------------------------------------------------
+    # 8. prune ------------------------------------------------------------------
+    def prune_phase(self) -> None:
+        """Retention under load: old done outbox rows and processed events, then
+        the ingest at half of peak (open loop) for a baseline window, then at the
+        same rate while `outbox-relay prune` deletes them (1,000 rows per
+        statement); that window's load stops when the prune ends."""
+        peak = self.peak_rps()
+        rate = peak / 2 / (1 + DUPLICATE_RATE)
+        outbox_rows, events = CFG["prune_outbox_rows"], CFG["prune_events"]
+        for relay in self.relays:
+            if relay.p.poll() is None:
+                relay.stop()  # a relay prunes on its own too
+        self.product.reset(CFG["product_history"])
+        # The rows to prune, as the growth phase makes its history (indexes
+        # dropped and re-created), PRUNE_AGE_DAYS days older than the history.
+        gen_outbox = self.generate(
+            "outbox", lambda a, b, total: history_outbox_sql(a, b, total, order0=PRUNE_ORDER0,
+                                                             days_ago=PRUNE_AGE_DAYS),
+            1, outbox_rows // 2, outbox_rows // 2)
+        gen_events = self.generate(
+            "processed_events", lambda a, b, total: history_events_sql(a, b, total, seed="old", order0=PRUNE_ORDER0,
+                                                                       days_ago=PRUNE_AGE_DAYS),
+            1, events, events)
+        t_vac = time.monotonic()
+        self.db.sql(Product.DB, "VACUUM ANALYZE outbox; VACUUM ANALYZE processed_events; CHECKPOINT;", timeout=900)
+        vac = round(time.monotonic() - t_vac, 1)
+        old = self.prunable()
+        if old != (outbox_rows, events):
+            raise BenchError(f"expected {outbox_rows:,} outbox rows and {events:,} events past the retention, "
+                             f"found {old[0]:,} and {old[1]:,}")
+        size = self.db.one(Product.DB, "SELECT pg_size_pretty(pg_total_relation_size('processed_events')) "
+                                       "|| ' / ' || pg_size_pretty(pg_total_relation_size('outbox'))")
+        log(f"  {outbox_rows:,} done outbox rows and {events:,} processed events {PRUNE_AGE_DAYS} days old "
+            f"beside {CFG['product_history']:,} recent ones ({size}): generated in {gen_outbox}s + {gen_events}s, "
+            f"vacuum and checkpoint {vac}s")
+        pruned: dict = {}
+
+        def prune() -> None:
+            time.sleep(0.5)  # the provider's connections up first, as in the baseline
+            t0 = time.monotonic()
+            _, out, err = run_cmd("outbox-relay prune", [BIN / "outbox-relay", "prune"],
+                                  timeout=CFG["prune_timeout_secs"],
+                                  env=clean_env({"DATABASE_URL": self.db.url(Product.DB),
+                                                 "RETENTION_DAYS": str(RETENTION_DAYS)}))
+            pruned["secs"] = round(time.monotonic() - t0, 2)
+            (LOGS / "prune.log").write_text(out + err)
+            m = re.search(r"pruned (\d+) outbox row\(s\) and (\d+) processed event\(s\)", out)
+            if not m:
+                raise BenchError(f"outbox-relay prune: unexpected output {(out + err).strip()[-300:]!r}")
+            pruned["outbox_rows"], pruned["processed_events"] = int(m.group(1)), int(m.group(2))
+
+        ingest = self.services.start_ingest("prune")
+        try:
+            # A new ingest's first seconds (connections, plans) are not what is measured.
+            provider_run(ingest.url, "prune-warmup", ingest, rate=rate, secs=2.0)
+            self.undo_run()
+            base = self.prune_window(ingest, "prune-baseline", rate, CFG["half_secs"])
+            log(f"  baseline {base['requests_per_s']:,.0f} req/s (target {peak / 2:,.0f}): p50 {base['p50_ms']} "
+                f"p99 {base['p99_ms']} p99.9 {base['p999_ms']} max {base['max_ms']} ms")
+            self.undo_run()
+            during = self.prune_window(ingest, "prune-during", rate, CFG["prune_timeout_secs"] + 30, prune)
+        finally:
+            ingest.stop()
+        rows = pruned["outbox_rows"] + pruned["processed_events"]
+        left = self.prunable()
+        rows_per_s = round(rows / pruned["secs"]) if pruned["secs"] else None
+        log(f"  during the prune {during['requests_per_s']:,.0f} req/s: p50 {during['p50_ms']} p99 {during['p99_ms']} "
+            f"p99.9 {during['p999_ms']} max {during['max_ms']} ms; prune deleted {pruned['outbox_rows']:,} outbox "
+            f"rows and {pruned['processed_events']:,} events in {pruned['secs']}s = {rows_per_s:,} rows/s "
+            f"({left[0] + left[1]:,} past the retention left)")
+        for tag, w in (("baseline", base), ("during", during)):
+            d = w["database"]
+            log(f"    {tag}: WAL {d['wal_mb']} MB, {d['checkpoints']} checkpoint(s), {d['buffers_backend']} buffers "
+                f"written by backends, outbox/events autovacuum {d['autovacuums']}, ingest waits "
+                f"{w['waits'].get('webhook-ingest', {}).get('waits_pct')}")
+        if (pruned["outbox_rows"], pruned["processed_events"]) != (outbox_rows, events) or left != (0, 0):
+            self.errors["prune_rows"] = (f"prune deleted {pruned['outbox_rows']:,} outbox rows and "
+                                         f"{pruned['processed_events']:,} events of {outbox_rows:,} and {events:,}; "
+                                         f"{left[0] + left[1]:,} left past the retention")
+        self.details["prune"] = {"old_outbox_rows": outbox_rows, "old_events": events,
+                                 "recent_history": CFG["product_history"], "generate_outbox_secs": gen_outbox,
+                                 "generate_events_secs": gen_events, "vacuum_secs": vac, "sizes_before": size,
+                                 "prune": pruned, "baseline": base, "during": during}
+        r = self.report
+        r["ingest_p99_ms_baseline_prune"] = base["p99_ms"]
+        r["ingest_p99_ms_during_prune"] = during["p99_ms"]
+        r["ingest_p50_ms_baseline_prune"] = base["p50_ms"]
+        r["ingest_p50_ms_during_prune"] = during["p50_ms"]
+        r["prune_load_rps"] = during["requests_per_s"]
+        r["prune_rows"] = rows
+        r["prune_secs"] = pruned["secs"]
+        r["prune_rows_per_s"] = rows_per_s
+        r["prune_note"] = (f"{CFG['mode']} mode: the prune deleted {outbox_rows:,} done outbox rows and "
+                           f"{events:,} processed events, {PRUNE_AGE_DAYS} days old (RETENTION_DAYS="
+                           f"{RETENTION_DAYS}), beside {CFG['product_history']:,} recent ones")
+
+    def undo_run(self) -> None:
+        """Every order pending again (a provider run pays orders 1, 2, ..: the
+        next would find them paid) and no pending outbox row; the run's
+        processed events stay (recent, new ids). Vacuumed, checkpointed."""
+        self.db.sql(Product.DB, """
+DELETE FROM outbox WHERE status = 'pending';
+UPDATE orders SET status = 'pending', updated_at = now() WHERE status <> 'pending';
+VACUUM ANALYZE orders; VACUUM ANALYZE outbox; VACUUM ANALYZE processed_events; CHECKPOINT;""", timeout=600)
+
+    def prunable(self) -> tuple[int, int]:
+        """Outbox rows and processed events past the retention (what prune deletes)."""
+        row = self.db.one(Product.DB, f"""
+SELECT (SELECT count(*) FROM outbox WHERE status IN ('done', 'cancelled')
+           AND finished_at < now() - interval '{RETENTION_DAYS} days')
+       || '|' || (SELECT count(*) FROM processed_events WHERE processed_at < now() - interval '{RETENTION_DAYS} days')
+""", timeout=300)
+        a, b = row.split("|")
+        return int(a), int(b)
+
+    def db_counters(self) -> dict:
+        """WAL position, checkpoints and backends' own buffer writes (pg_stat_bgwriter
+        before PostgreSQL 17; None where a column moved), outbox and events autovacuums."""
+        row = self.db.one(Product.DB, """
+SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint || '|' || (SELECT to_jsonb(b) FROM pg_stat_bgwriter b)
+       || '|' || (SELECT sum(autovacuum_count) FROM pg_stat_user_tables
+                   WHERE relname IN ('outbox', 'processed_events'))""")
+        wal, bgw, av = row.split("|")
+        b = json.loads(bgw)
+        ckpt = (b["checkpoints_timed"] + b["checkpoints_req"]) if "checkpoints_req" in b else None
+        return {"wal": int(wal), "checkpoints": ckpt, "buffers_backend": b.get("buffers_backend"),
+                "autovacuums": int(av)}
+
+    def prune_window(self, ingest: Service, tag: str, rate: float, secs: float, during=None) -> dict:
+        """One open-loop provider run at `rate` events/s, for `secs` or until
+        `during` returns; with what the database did meanwhile."""
+        c0 = self.db_counters()
+        sampler = WaitSampler(self.db, Product.DB)
+        try:
+            s = summary_brief(provider_run(ingest.url, tag, ingest, during=during, rate=rate, secs=secs))
+        finally:
+            waits = sampler.stop()
+        c1 = self.db_counters()
+
+        def diff(k: str):
+            return None if c0[k] is None or c1[k] is None else c1[k] - c0[k]
+
+        s["events_rate"] = round(rate, 1)
+        s["database"] = {"wal_mb": round(diff("wal") / 1e6, 1), "checkpoints": diff("checkpoints"),
+                         "buffers_backend": diff("buffers_backend"), "autovacuums": diff("autovacuums")}
+        s["waits"] = waits
+        return s
+
+    # 9. growth ------------------------------------------------------------------
     def claim_sql(self) -> str:
         """The relay's claim statement, read from its source so the bench times
         what the relay runs: `const CLAIM: &str = "..."`, `Sql::new("...", ..)`
@@ -1475,6 +1701,7 @@ VACUUM ANALYZE orders; VACUUM ANALYZE outbox; VACUUM ANALYZE processed_events; C
         self.phase("e2e", self.e2e_phase)
         self.record_rss()
         self.phase("tracing", self.tracing_phase)
+        self.phase("prune", self.prune_phase)
         self.phase("growth", self.growth_phase)
 
     def drop_databases(self) -> None:
@@ -1577,6 +1804,12 @@ def tables(r: dict, md: bool) -> str:
          f"p99 {fmt(r.get('ingest_p99_ms_c64_with_relay'), 2)} ms; the ingest runs above have no relay"],
         ["ingest p99 at half of peak, relay draining", f"{fmt(r.get('ingest_p99_ms_half_load_with_relay'), 2)} ms",
          "the e2e load run"],
+        [f"ingest p99 at half of peak, prune deleting {fmt(r.get('prune_rows'))} rows",
+         f"{fmt(r.get('ingest_p99_ms_during_prune'), 2)} ms",
+         f"without the prune {fmt(r.get('ingest_p99_ms_baseline_prune'), 2)} ms; p50 "
+         f"{fmt(r.get('ingest_p50_ms_baseline_prune'), 2)} -> {fmt(r.get('ingest_p50_ms_during_prune'), 2)} ms; "
+         f"prune {fmt(r.get('prune_secs'), 1)} s = {fmt(r.get('prune_rows_per_s'))} rows/s "
+         f"at {fmt(r.get('prune_load_rps'))} req/s"],
         ["e2e accepted -> downstream, idle", f"p50 {fmt(r.get('e2e_p50_ms_idle'), 1)} / p99 "
                                               f"{fmt(r.get('e2e_p99_ms_idle'), 1)} ms",
          f"{r['config']['e2e_idle_events']} events at {E2E_RATE:g}/s"],
@@ -1611,6 +1844,7 @@ def tables(r: dict, md: bool) -> str:
     parts.append(table(["key", "value", "target", ""], rows))
     if md:
         parts.append("\n".join(f"- {n}" for n in r.get("notes", [])
+                                + ([r["prune_note"]] if r.get("prune_note") else [])
                                 + ([r["growth_note"]] if r.get("growth_note") else [])
                                 + ([r["growth_cut"]] if r.get("growth_cut") else [])))
     phases = ", ".join(f"{k} {v:g}s" for k, v in r.get("phase_secs", {}).items())
@@ -1631,6 +1865,14 @@ NOTES = [
     "Relay drains: the rows are inserted in one transaction with a NOTIFY while the relay runs idle; the "
     "clock starts at COMMIT and stops when no row is pending (every effect seen at the simulator first). "
     "No VACUUM between the three one-relay drains; the two-relay drain follows a VACUUM ANALYZE.",
+    "Retention under load: the prune phase makes old done outbox rows and processed events (past "
+    "RETENTION_DAYS), vacuums and checkpoints, then runs the ingest at half of peak (open loop, no relay) "
+    "for a baseline window and again while `outbox-relay prune` deletes them (1,000 rows per statement, "
+    "outbox first); that window starts 0.5 s before the prune and stops when it exits. Before each window "
+    "every order is pending again and the outbox has no pending row (vacuumed, checkpointed). prune_secs "
+    "is the prune process's wall time; details.prune has, per window, the WAL written and checkpoints "
+    "(cluster-wide), autovacuums of the two tables and what the ingest's backends waited on "
+    "(pg_stat_activity sampled every 0.2 s).",
     "End to end: effect_at_ms (the simulator's clock, whole milliseconds, floored) minus the time the "
     "sender read the 200; figures are +-1 ms.",
     "The provider, pgbench, the OTLP sink and the simulator run on the same machine as the product and "
