@@ -30,6 +30,10 @@ What it does, in order (each phase's wall time is in the report):
               and 1M done outbox rows (quick: 100k / 500k and 100k); a history
               the time budget cannot generate is cut, and the report says so.
 
+While working on one phase: BENCH_PHASES=prune (a comma-separated list; setup
+always runs) and BENCH_PEAK_RPS=<req/s> in place of the ingest phase's peak.
+Such a run's report is partial and says which phases ran.
+
 Writes target/bench/report.json, target/bench/report.md, logs under
 target/bench/logs/. Standard library only. Every process it starts is stopped
 on exit, on Ctrl-C and on SIGTERM; every wait is bounded.
@@ -108,6 +112,7 @@ else:
     )
 if os.environ.get("BENCH_SECS"):
     CFG["ingest_secs"] = float(os.environ["BENCH_SECS"])
+ONLY = {p.strip() for p in os.environ.get("BENCH_PHASES", "").split(",") if p.strip()}
 
 CONCURRENCIES = (1, 16, 64)
 ORDERS = 1_000_000  # as the reference schema: pay_1 .. pay_1000000
@@ -1013,6 +1018,8 @@ class Bench:
         self.rss: dict = {}
 
     def phase(self, name: str, fn) -> None:
+        if ONLY and name != "setup" and name not in ONLY:
+            return
         t = time.monotonic()
         log(f"phase {name} ...")
         try:
@@ -1145,6 +1152,8 @@ class Bench:
 
     def peak_rps(self) -> float:
         peaks = [self.report.get(f"ingest_rps_c{c}") or 0 for c in CONCURRENCIES]
+        if not max(peaks) and os.environ.get("BENCH_PEAK_RPS"):
+            return float(os.environ["BENCH_PEAK_RPS"])
         if not max(peaks):
             raise BenchError("no ingest peak measured")
         return max(peaks)
