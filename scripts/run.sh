@@ -21,6 +21,9 @@
 #   RUN_DEGRADED_SECS=10         how long the carrier stays degraded
 #   RUN_STALL_SECS=2             how long the database stalls (0: no stall)
 #   RUN_DIR=target/run           logs, acknowledgements and the audit (JSON)
+#   RUN_KEEP=0                   1: after the audit, keep everything serving
+#                                until Ctrl-C (send webhooks by hand with
+#                                scripts/send-webhook.py)
 #   BIN_DIR=target/release       where the binaries are
 #   INGEST_LISTEN_ADDR, ADMIN_LISTEN_ADDR (ingest), RELAY_ADMIN_LISTEN_ADDR
 set -euo pipefail
@@ -34,6 +37,7 @@ carrier=${RUN_CARRIER_LATENCY_MS:-p50:1500,p99:4000}
 degraded=${RUN_DEGRADED_SECS:-10}
 stall=${RUN_STALL_SECS:-2}
 dir=${RUN_DIR:-target/run}
+keep=${RUN_KEEP:-0}
 ingest_addr=${INGEST_LISTEN_ADDR:-127.0.0.1:8080}
 ingest_admin=${ADMIN_LISTEN_ADDR:-127.0.0.1:9090}
 relay_admin=${RELAY_ADMIN_LISTEN_ADDR:-127.0.0.1:9091}
@@ -143,7 +147,8 @@ echo
 "$bin/outbox-relay" audit --since 1h --downstream-stats "$downstream" --json >"$dir/audit.json"
 echo
 
-python3 - "$dir/audit.json" "$dir/provider.json" <<'PY'
+result=0
+python3 - "$dir/audit.json" "$dir/provider.json" <<'PY' || result=$?
 import json, sys
 audit = json.load(open(sys.argv[1]))
 provider = json.load(open(sys.argv[2]))
@@ -176,3 +181,18 @@ if problems:
 print(f"RESULT: exactly once: {down['shipments']} shipments and {down['emails']} emails for "
       f"{audit['distinct_events']} events and {audit['deliveries']} deliveries; double effects 0")
 PY
+
+if [ "$keep" = 1 ]; then
+  first=$((events + 1)) last=$((events + 100))
+  psql "$DATABASE_URL" -qc "INSERT INTO orders (id, payment_id) SELECT n, 'pay_' || n FROM generate_series($first, $last) n ON CONFLICT DO NOTHING"
+  echo
+  say "RUN_KEEP=1: still serving until Ctrl-C; orders pay_$first .. pay_$last are new and unpaid. Try:"
+  cat >&2 <<HINTS
+  WEBHOOK_SECRETS=$secret scripts/send-webhook.py pay_$first --url http://$ingest_addr/webhooks/payments
+  curl -s $downstream/stats         # requests and effects per idempotency key
+  DATABASE_URL=$DATABASE_URL $bin/outbox-relay stats
+  metrics: http://$ingest_admin/metrics and http://$relay_admin/metrics
+HINTS
+  while :; do sleep 3600 & pids+=($!); wait $!; done
+fi
+exit "$result"
