@@ -6,5 +6,6 @@ mod observability;
 mod pooler;
 mod roles;
 mod run_demo;
+mod send_webhook;
 mod tls;
 mod wake;
