@@ -115,7 +115,10 @@ async fn a_400_is_dead_at_once_and_requeue_delivers_it() {
     assert_eq!(line["kind"], "send_confirmation");
     assert_eq!(line["attempts"], 1);
     assert!(line["last_error"].as_str().unwrap().contains("400"));
-    assert!(line["age"].as_f64().is_some_and(|a| (0.0..60.0).contains(&a)), "age in seconds: {line}");
+    assert!(
+        line["age"].as_f64().is_some_and(|a| (0.0..60.0).contains(&a)),
+        "age in seconds: {line}"
+    );
 
     let requeue = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
         .args(["dead", "requeue", &id.to_string()])
