@@ -131,13 +131,18 @@ DISPATCH_OUTCOMES = {"done", "retry", "dead"}
 COUNTERS = {"webhook_requests_total", "outbox_dispatch_total"}
 GAUGES = {"outbox_pending", "outbox_oldest_pending_age_seconds", "outbox_dead"}
 HISTOGRAMS = {"webhook_request_duration_seconds", "outbox_dispatch_duration_seconds", "outbox_enqueue_to_done_seconds"}
-KNOWN_SERIES = COUNTERS | GAUGES | {h + s for h in HISTOGRAMS for s in ("_bucket", "_sum", "_count")}
+# Ours beyond SPEC section 6: the relay's periodic pruner.
+EXTRA_COUNTERS = {"outbox_prune_runs_total", "outbox_pruned_rows_total"}
+KNOWN_SERIES = (COUNTERS | GAUGES | EXTRA_COUNTERS
+                | {h + s for h in HISTOGRAMS for s in ("_bucket", "_sum", "_count")})
 LABEL_VALUES = {
     "webhook_requests_total": {"outcome": INGEST_OUTCOMES},
     "outbox_dispatch_total": {"kind": DISPATCH_KINDS, "outcome": DISPATCH_OUTCOMES},
     "outbox_dispatch_duration_seconds_bucket": {"kind": DISPATCH_KINDS},
     "outbox_dispatch_duration_seconds_count": {"kind": DISPATCH_KINDS},
     "outbox_dispatch_duration_seconds_sum": {"kind": DISPATCH_KINDS},
+    "outbox_prune_runs_total": {"result": {"pruned", "locked_out", "failed"}},
+    "outbox_pruned_rows_total": {"table": {"outbox", "processed_events"}},
 }
 
 # Components no overlay uses because they are the documented alternative to
@@ -1443,7 +1448,7 @@ def check_alert_rules(ctx: Context) -> list[str]:
                 for m in METRIC_SELECTOR.finditer(expr):
                     metric, selector = m.group(1), m.group(2) or ""
                     if metric.startswith(("webhook_", "outbox_")) and metric not in KNOWN_SERIES:
-                        problems.append(f"{name}: `{metric}` is not a metric of SPEC section 6")
+                        problems.append(f"{name}: `{metric}` is not a metric of SPEC section 6 or of ours")
                     for label, op, value in MATCHER.findall(selector):
                         allowed = LABEL_VALUES.get(metric, {}).get(label)
                         if metric == "up" and label == "job" and op == "=" and value not in scraped_jobs:

@@ -194,6 +194,22 @@ impl Database {
         config
     }
 
+    /// One connection with `options`' session settings (its pool size and
+    /// wait do not apply), its driver spawned on the current runtime.
+    pub async fn connect_with(&self, options: &ConnectOptions) -> anyhow::Result<tokio_postgres::Client> {
+        let (client, connection) = self
+            .config_for(options)
+            .connect(self.tls.clone())
+            .await
+            .with_context(|| format!("connecting to {}", self.describe()))?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "database connection closed");
+            }
+        });
+        Ok(client)
+    }
+
     /// One connection, its driver spawned on the current runtime.
     pub async fn connect(&self, application_name: &'static str) -> anyhow::Result<tokio_postgres::Client> {
         let (client, connection) = self.connect_raw(application_name).await?;

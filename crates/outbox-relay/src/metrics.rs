@@ -21,6 +21,19 @@ pub struct KindLabel {
     pub kind: &'static str,
 }
 
+/// `pruned` (the run had the lock; it may have found nothing to delete),
+/// `locked_out` (another replica was pruning), `failed`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PruneResult {
+    pub result: &'static str,
+}
+
+/// `outbox` or `processed_events`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TableLabel {
+    pub table: &'static str,
+}
+
 #[derive(Clone)]
 pub struct RelayMetrics {
     pub dispatches: Family<DispatchLabels, Counter>,
@@ -29,6 +42,10 @@ pub struct RelayMetrics {
     pub oldest_pending_age: Gauge<f64, AtomicU64>,
     pub dead: Gauge,
     pub enqueue_to_done: Histogram,
+    /// Beyond SPEC section 6: the periodic pruner's runs and what they
+    /// deleted, so that retention failing (and tables growing) can alert.
+    pub prune_runs: Family<PruneResult, Counter>,
+    pub pruned_rows: Family<TableLabel, Counter>,
 }
 
 const CALL_BUCKETS: [f64; 14] = [
@@ -49,7 +66,17 @@ impl RelayMetrics {
             oldest_pending_age: Gauge::default(),
             dead: Gauge::default(),
             enqueue_to_done: Histogram::new(ENQUEUE_TO_DONE_BUCKETS),
+            prune_runs: Family::default(),
+            pruned_rows: Family::default(),
         };
+        // Every series exists from the start, at 0, so that rules comparing
+        // them see a value rather than nothing.
+        for result in ["pruned", "locked_out", "failed"] {
+            let _ = metrics.prune_runs.get_or_create(&PruneResult { result });
+        }
+        for table in ["outbox", "processed_events"] {
+            let _ = metrics.pruned_rows.get_or_create(&TableLabel { table });
+        }
         registry.register(
             "outbox_dispatch",
             "Downstream calls by command kind and outcome",
@@ -80,7 +107,37 @@ impl RelayMetrics {
             "Time from enqueue (the ingest's commit) to done, in seconds",
             metrics.enqueue_to_done.clone(),
         );
+        registry.register(
+            "outbox_prune_runs",
+            "Runs of the periodic pruner by result (pruned, locked_out, failed)",
+            metrics.prune_runs.clone(),
+        );
+        registry.register(
+            "outbox_pruned_rows",
+            "Rows deleted by the periodic pruner, by table",
+            metrics.pruned_rows.clone(),
+        );
         metrics
+    }
+
+    /// One run of the periodic pruner: its result, or `None` when it failed.
+    pub fn pruned(&self, pruned: Option<&crate::storage::Pruned>) {
+        let result = match pruned {
+            None => "failed",
+            Some(p) if !p.ran => "locked_out",
+            Some(p) => {
+                self.pruned_rows
+                    .get_or_create(&TableLabel { table: "outbox" })
+                    .inc_by(p.outbox_rows);
+                self.pruned_rows
+                    .get_or_create(&TableLabel {
+                        table: "processed_events",
+                    })
+                    .inc_by(p.processed_events);
+                "pruned"
+            }
+        };
+        self.prune_runs.get_or_create(&PruneResult { result }).inc();
     }
 
     /// `kind` is the row's `kind` column; one this release does not know

@@ -101,7 +101,7 @@ pub async fn stats(database: &db::Database, json: bool) -> anyhow::Result<()> {
 }
 
 pub async fn prune(database: &db::Database, retention_days: u32) -> anyhow::Result<()> {
-    let client = database.connect("outbox-relay-prune").await?;
+    let client = database.connect_with(&storage::prune_connect_options()).await?;
     let pruned = storage::prune(&client, retention_days).await?;
     if !pruned.ran {
         println!("another replica is pruning right now; nothing done");

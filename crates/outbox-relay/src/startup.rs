@@ -101,6 +101,7 @@ impl Application {
         if let Some(interval) = self.config.prune_interval {
             tokio::spawn(prune_periodically(
                 self.database.clone(),
+                self.metrics.clone(),
                 self.config.retention_days,
                 interval,
                 background.clone(),
@@ -161,6 +162,7 @@ async fn refresh_gauges(pool: db::Pool, metrics: RelayMetrics, stop: Cancellatio
 
 async fn prune_periodically(
     database: db::Database,
+    metrics: RelayMetrics,
     retention_days: u32,
     interval: Duration,
     stop: CancellationToken,
@@ -171,10 +173,11 @@ async fn prune_periodically(
             _ = stop.cancelled() => return,
         }
         let result = async {
-            let client = database.connect("outbox-relay-prune").await?;
+            let client = database.connect_with(&storage::prune_connect_options()).await?;
             anyhow::Ok(storage::prune(&client, retention_days).await?)
         }
         .await;
+        metrics.pruned(result.as_ref().ok());
         match result {
             Ok(p) if p.ran && (p.outbox_rows > 0 || p.processed_events > 0) => {
                 tracing::info!(

@@ -316,6 +316,21 @@ pub async fn counts_by_status_and_kind(
 /// never blocks the ingest or bloats one transaction.
 pub const PRUNE_BATCH: i64 = 1000;
 
+/// The pruner's session: a batch that waits on a lock or runs away fails
+/// after a minute (counted, logged, retried at the next run) rather than
+/// hanging the pruner unseen. Behind a transaction-mode pooler the role's
+/// own settings apply instead (deploy/sql/roles.sql).
+pub fn prune_connect_options() -> db::ConnectOptions {
+    db::ConnectOptions {
+        application_name: "outbox-relay-prune",
+        statement_timeout: Some(std::time::Duration::from_secs(60)),
+        abort_when_client_leaves: false,
+        asynchronous_commit: false,
+        pool_size: 1,
+        pool_wait: std::time::Duration::from_secs(5),
+    }
+}
+
 /// Advisory lock key of the pruner: one replica prunes at a time.
 const PRUNE_LOCK: i64 = 0x5052_554e_4552_0001;
 

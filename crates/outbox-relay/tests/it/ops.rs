@@ -224,3 +224,104 @@ async fn audit_counts_a_known_workload() {
     let (ok, _, err) = relay_cli(&env.relay_url, &["audit", "--since", "soon"]);
     assert!(!ok && err.contains("soon"), "{err}");
 }
+
+/// Reads one sample of the relay's `/metrics`, e.g. `outbox_pruned_rows_total{table="outbox"}`.
+async fn metric(env: &crate::helpers::Env, admin: &str, series: &str) -> Option<f64> {
+    let text = env
+        .http
+        .get(format!("http://{admin}/metrics"))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+async fn wait_for_metric(env: &crate::helpers::Env, admin: &str, series: &str, at_least: f64) -> f64 {
+    let started = std::time::Instant::now();
+    loop {
+        if let Some(v) = metric(env, admin, series).await
+            && v >= at_least
+        {
+            return v;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "{series}: {:?}, expected at least {at_least}",
+            metric(env, admin, series).await
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn the_relay_prunes_on_its_own_and_counts_runs_rows_and_failures() {
+    let env = env().await;
+    env.seed(1, 300).await;
+    env.client
+        .batch_execute(
+            "UPDATE outbox SET status = 'done', finished_at = now() - interval '8 days' WHERE order_id <= 250;
+             INSERT INTO processed_events (event_id, event_type, status, result, processed_at)
+             SELECT 'evt_old_' || n, 'payment.succeeded', 'processed', '{}', now() - interval '8 days'
+               FROM generate_series(1, 120) n;",
+        )
+        .await
+        .unwrap();
+    let admin = format!("127.0.0.1:{}", testkit::free_port());
+    let relay = env.spawn_relay(&[("RELAY_PRUNE_INTERVAL_SECS", "1"), ("ADMIN_LISTEN_ADDR", &admin)]);
+
+    // Before the first run every series reads 0, failures included.
+    let failed = r#"outbox_prune_runs_total{result="failed"}"#;
+    assert_eq!(wait_for_metric(&env, &admin, failed, 0.0).await, 0.0);
+
+    wait_for_metric(&env, &admin, r#"outbox_prune_runs_total{result="pruned"}"#, 1.0).await;
+    assert_eq!(
+        metric(&env, &admin, r#"outbox_pruned_rows_total{table="outbox"}"#).await,
+        Some(250.0)
+    );
+    assert_eq!(
+        metric(
+            &env,
+            &admin,
+            r#"outbox_pruned_rows_total{table="processed_events"}"#
+        )
+        .await,
+        Some(120.0)
+    );
+    assert_eq!(
+        env.count("SELECT count(*) FROM outbox WHERE order_id <= 250")
+            .await,
+        0
+    );
+    assert_eq!(env.count("SELECT count(*) FROM processed_events").await, 0);
+    assert_eq!(metric(&env, &admin, failed).await, Some(0.0));
+
+    // Retention that cannot run is counted, and the relay carries on.
+    env.client
+        .batch_execute(
+            "REVOKE DELETE ON processed_events FROM outbox_relay;
+             INSERT INTO processed_events (event_id, event_type, status, result, processed_at)
+             VALUES ('evt_stuck', 'payment.succeeded', 'processed', '{}', now() - interval '8 days');",
+        )
+        .await
+        .unwrap();
+    wait_for_metric(&env, &admin, failed, 2.0).await;
+    assert_eq!(
+        env.count("SELECT count(*) FROM processed_events WHERE event_id = 'evt_stuck'")
+            .await,
+        1
+    );
+    // Still delivering: the 50 pending rows of the seed are done.
+    env.wait_for(
+        "SELECT count(*) FROM outbox WHERE status = 'done' AND order_id > 250",
+        50,
+        std::time::Duration::from_secs(20),
+    )
+    .await;
+    relay.signal("TERM");
+    let (code, _) = relay.wait(std::time::Duration::from_secs(20));
+    assert_eq!(code, Some(0));
+}
