@@ -23,7 +23,7 @@
 #   RUN_DIR=target/run           logs, acknowledgements and the audit (JSON)
 #   RUN_KEEP=0                   1: after the audit, keep everything serving
 #                                until Ctrl-C (send webhooks by hand with
-#                                scripts/send-webhook.py)
+#                                simulator send)
 #   BIN_DIR=target/release       where the binaries are
 #   INGEST_LISTEN_ADDR, ADMIN_LISTEN_ADDR (ingest), RELAY_ADMIN_LISTEN_ADDR
 set -euo pipefail
@@ -69,7 +69,11 @@ fi
 export DATABASE_URL
 
 "$bin/webhook-ingest" migrate
-psql "$DATABASE_URL" -qc "INSERT INTO orders (id, payment_id) SELECT n, 'pay_' || n FROM generate_series(1, $events) n ON CONFLICT DO NOTHING"
+# Orders $1 .. $2, unpaid, with payment ids pay_$1 .. pay_$2.
+seed_orders() {
+  psql "$DATABASE_URL" -qc "INSERT INTO orders (id, payment_id) SELECT n, 'pay_' || n FROM generate_series($1, $2) n ON CONFLICT DO NOTHING"
+}
+seed_orders 1 "$events"
 say "seeded orders pay_1 .. pay_$events"
 
 "$bin/simulator" downstream --listen 127.0.0.1:0 >"$dir/downstream.out" 2>"$dir/downstream.log" &
@@ -184,11 +188,11 @@ PY
 
 if [ "$keep" = 1 ]; then
   first=$((events + 1)) last=$((events + 100))
-  psql "$DATABASE_URL" -qc "INSERT INTO orders (id, payment_id) SELECT n, 'pay_' || n FROM generate_series($first, $last) n ON CONFLICT DO NOTHING"
+  seed_orders "$first" "$last"
   echo
   say "RUN_KEEP=1: still serving until Ctrl-C; orders pay_$first .. pay_$last are new and unpaid. Try:"
   cat >&2 <<HINTS
-  WEBHOOK_SECRETS=$secret scripts/send-webhook.py pay_$first --url http://$ingest_addr/webhooks/payments
+  PROVIDER_SECRET=$secret $bin/simulator send pay_$first --target http://$ingest_addr
   curl -s $downstream/stats         # requests and effects per idempotency key
   DATABASE_URL=$DATABASE_URL $bin/outbox-relay stats
   metrics: http://$ingest_admin/metrics and http://$relay_admin/metrics

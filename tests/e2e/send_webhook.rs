@@ -1,26 +1,24 @@
-//! `scripts/send-webhook.py`, the README's way to send a webhook by hand,
-//! signs as the ingest verifies, in both schemes: one processed event, one
-//! shipment and one email, a replay on the second send, and a 401 that
-//! writes nothing under a wrong secret.
+//! `simulator send`, the README's way to send a webhook by hand, signs as
+//! the ingest verifies, in both schemes: one processed event, one shipment
+//! and one email, a replay on the second send, and a 401 that writes
+//! nothing under a wrong secret.
 
-use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::harness::{SECRET, Stack, StackOptions};
 
-/// Runs the script; its exit code and stdout.
+/// Runs `simulator send ARGS --target <the ingest>`; its exit code and stdout.
 fn send(stack: &Stack, args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/send-webhook.py");
-    let out = Command::new("python3")
-        .arg(script)
+    let out = Command::new(testkit::bin::path("simulator"))
+        .arg("send")
         .args(args)
-        .args(["--url", &format!("{}/webhooks/payments", stack.ingest_url)])
-        .env_remove("WEBHOOK_SECRETS")
-        .env_remove("WEBHOOK_SIGNATURE_SCHEME")
+        .args(["--target", &stack.ingest_url])
+        .env_remove("PROVIDER_SECRET")
+        .env_remove("PROVIDER_SCHEME")
         .envs(env.iter().copied())
         .output()
-        .expect("python3 runs");
+        .expect("simulator runs");
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -65,7 +63,7 @@ async fn standard_scheme_one_effect_each_then_a_replay_and_a_wrong_secret_writes
     let (code, out) = send(
         &stack,
         &["pay_7", "--id", "evt_by_hand"],
-        &[("WEBHOOK_SECRETS", SECRET)],
+        &[("PROVIDER_SECRET", SECRET)],
     );
     assert_eq!(code, 0, "{out}");
     assert!(out.starts_with("200 event evt_by_hand\n"), "{out}");
@@ -75,7 +73,7 @@ async fn standard_scheme_one_effect_each_then_a_replay_and_a_wrong_secret_writes
     let (code, again) = send(
         &stack,
         &["pay_7", "--id", "evt_by_hand"],
-        &[("WEBHOOK_SECRETS", SECRET)],
+        &[("PROVIDER_SECRET", SECRET)],
     );
     assert_eq!(code, 0, "{again}");
     assert!(
@@ -90,7 +88,7 @@ async fn standard_scheme_one_effect_each_then_a_replay_and_a_wrong_secret_writes
     let (code, out) = send(
         &stack,
         &["pay_7", "--id", "evt_forged"],
-        &[("WEBHOOK_SECRETS", wrong)],
+        &[("PROVIDER_SECRET", wrong)],
     );
     assert_eq!(code, 1, "{out}");
     assert!(out.starts_with("401 event evt_forged\n"), "{out}");
@@ -121,10 +119,7 @@ async fn stripe_scheme_and_a_refund() {
     })
     .await;
     stack.insert_order(8, "pay_8").await;
-    let env = [
-        ("WEBHOOK_SECRETS", secret),
-        ("WEBHOOK_SIGNATURE_SCHEME", "stripe"),
-    ];
+    let env = [("PROVIDER_SECRET", secret), ("PROVIDER_SCHEME", "stripe")];
 
     let (code, out) = send(&stack, &["pay_8", "--id", "evt_pay_8"], &env);
     assert_eq!(code, 0, "{out}");

@@ -44,6 +44,10 @@ pub enum Command {
     /// on --control. Prints {"listening":"ADDR","control":"ADDR"} on stdout
     /// once bound, then forwards until SIGTERM.
     Proxy(ProxyArgs),
+    /// One signed webhook, posted once, by hand: prints the status (with
+    /// `Idempotent-Replayed: true` on a replay) and the ingest's answer.
+    /// Exit 0 on a 2xx, 1 otherwise.
+    Send(SendArgs),
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -134,20 +138,8 @@ pub struct ProviderArgs {
     )]
     pub target: Vec<Url>,
 
-    /// The signing secret, as the ingest's WEBHOOK_SECRETS has it
-    /// (`whsec_<base64>` for standard, any string for stripe).
-    #[arg(
-        long,
-        env = "PROVIDER_SECRET",
-        value_name = "PROVIDER_SECRET",
-        hide_env_values = true
-    )]
-    pub secret: String,
-
-    /// Signature scheme: standard (Standard Webhooks) or stripe.
-    #[arg(long, env = "PROVIDER_SCHEME", value_name = "PROVIDER_SCHEME", default_value = "standard",
-          value_parser = parse_scheme)]
-    pub scheme: Scheme,
+    #[command(flatten)]
+    pub signing: SigningArgs,
 
     /// Closed loop: this many senders, each sending its next event once the
     /// previous one is acknowledged or given up.
@@ -374,12 +366,68 @@ impl ProxyArgs {
     }
 }
 
+/// How the provider signs, shared by `provider` and `send`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SigningArgs {
+    /// The signing secret, as the ingest's WEBHOOK_SECRETS has it
+    /// (`whsec_<base64>` for standard, any string for stripe).
+    #[arg(
+        long,
+        env = "PROVIDER_SECRET",
+        value_name = "PROVIDER_SECRET",
+        hide_env_values = true
+    )]
+    pub secret: String,
+
+    /// Signature scheme: standard (Standard Webhooks) or stripe.
+    #[arg(long, env = "PROVIDER_SCHEME", value_name = "PROVIDER_SCHEME", default_value = "standard",
+          value_parser = parse_scheme)]
+    pub scheme: Scheme,
+}
+
+impl SigningArgs {
+    /// The parsed secret; fails naming the flag and its variable.
+    pub fn secret(&self) -> Result<Secret, String> {
+        Secret::parse(self.scheme, &self.secret).map_err(|e| format!("--secret (PROVIDER_SECRET): {e}"))
+    }
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct SendArgs {
+    /// The order's payment id (`pay_42` is order 42 in `make run`).
+    pub payment_id: String,
+
+    /// The event's type.
+    #[arg(long = "type", value_name = "TYPE", default_value = "payment.succeeded")]
+    pub event_type: String,
+
+    /// The event id, the ingest's dedup key (default: a new evt_hand_<random>);
+    /// send one again to see the stored answer replayed.
+    #[arg(long)]
+    pub id: Option<String>,
+
+    /// The amount, in minor units.
+    #[arg(long, default_value_t = 4200)]
+    pub amount: i64,
+
+    /// The ingest (a bare base URL gets /webhooks/payments appended).
+    #[arg(
+        long,
+        env = "PROVIDER_TARGET",
+        value_name = "PROVIDER_TARGET",
+        default_value = "http://127.0.0.1:8080"
+    )]
+    pub target: Url,
+
+    #[command(flatten)]
+    pub signing: SigningArgs,
+}
+
 impl ProviderArgs {
     /// The library's configuration; fails (naming the flag and its
     /// variable) on what one flag alone cannot check.
     pub fn config(&self) -> Result<ProviderConfig, String> {
-        let secret = Secret::parse(self.scheme, &self.secret)
-            .map_err(|e| format!("--secret (PROVIDER_SECRET): {e}"))?;
+        let secret = self.signing.secret()?;
         let load = match self.rate {
             Some(rate) => Load::Open { rate },
             None => Load::Closed {
@@ -388,7 +436,7 @@ impl ProviderArgs {
         };
         let config = ProviderConfig {
             targets: self.target.clone(),
-            scheme: self.scheme,
+            scheme: self.signing.scheme,
             secret,
             load,
             events: self.events,
@@ -550,7 +598,7 @@ mod tests {
         assert_eq!(config.retry.give_up_after, Duration::from_secs(120));
         assert_eq!(config.ack_file, None);
         let args = provider(&["--events", "1"]).unwrap();
-        assert_eq!(args.scheme, Scheme::Standard);
+        assert_eq!(args.signing.scheme, Scheme::Standard);
         assert!(!args.json && !args.allow_failures && !args.no_progress);
         assert_eq!(args.threads, 1);
     }

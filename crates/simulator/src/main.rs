@@ -1,6 +1,7 @@
 //! `simulator downstream`: the simulated fulfilment and email APIs.
 //! `simulator provider`: the simulated payment provider and load generator.
 //! `simulator proxy`: the fault-injecting TCP proxy.
+//! `simulator send`: one signed webhook, posted once, by hand.
 //!
 //! # Layout
 //! Parses the command line (exit 2 with one line naming the variable on any
@@ -13,6 +14,8 @@
 //!   `--json`, the summary as the only line on stdout; exits 0 if every
 //!   event was acknowledged (or refused for good, with `--allow-failures`),
 //!   1 otherwise. SIGTERM or Ctrl-C stops it early, with a summary.
+//! - `send` posts one signed event once and prints the status line and the
+//!   answer on stdout; exit 0 on a 2xx, 1 otherwise.
 //! - `proxy` sends logs to stderr, binds the proxy and its control address,
 //!   prints `{"listening":"ADDR","control":"ADDR"}` as the only line on
 //!   stdout, and forwards until SIGTERM or Ctrl-C.
@@ -24,7 +27,7 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use service::{LogFormat, config_error};
-use simulator::cli::{Cli, Command, DownstreamArgs, ProviderArgs, ProxyArgs};
+use simulator::cli::{Cli, Command, DownstreamArgs, ProviderArgs, ProxyArgs, SendArgs};
 use simulator::downstream::{self, DownstreamConfig};
 use simulator::provider;
 use simulator::proxy::{self, ProxyConfig};
@@ -37,6 +40,7 @@ fn main() -> ExitCode {
         Command::Downstream(args) => serve_downstream(args),
         Command::Provider(args) => provide(args),
         Command::Proxy(args) => serve_proxy(args),
+        Command::Send(args) => send(args),
     }
 }
 
@@ -112,6 +116,50 @@ async fn run_proxy(args: ProxyArgs, config: ProxyConfig) -> anyhow::Result<()> {
     running.run_until(shutdown.cancelled()).await;
     tracing::info!("proxy stopped");
     Ok(())
+}
+
+fn send(args: SendArgs) -> ExitCode {
+    let secret = args
+        .signing
+        .secret()
+        .unwrap_or_else(|e| config_error(PROGRAM, &e));
+    let event = provider::send::HandEvent {
+        id: args
+            .id
+            .unwrap_or_else(|| format!("evt_hand_{:016x}", rand::random::<u64>())),
+        event_type: args.event_type,
+        payment_id: args.payment_id,
+        amount: args.amount,
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("building the tokio runtime");
+    match runtime.block_on(provider::send::send_once(
+        &args.target,
+        args.signing.scheme,
+        secret,
+        &event,
+    )) {
+        Ok(reply) => {
+            let replayed = if reply.replayed {
+                "  Idempotent-Replayed: true"
+            } else {
+                ""
+            };
+            println!("{} event {}{replayed}", reply.status, event.id);
+            println!("{}", String::from_utf8_lossy(&reply.body));
+            if (200..300).contains(&reply.status) {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("{PROGRAM}: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 fn provide(args: ProviderArgs) -> ExitCode {

@@ -20,6 +20,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use bytes::Bytes;
 use reqwest::Url;
 use reqwest::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
 use serde::Deserialize;
@@ -170,11 +171,11 @@ fn verdict(status: u16, retry_after: Option<Duration>) -> Verdict {
 }
 
 /// An answer read in full.
-struct Answer {
-    status: u16,
-    replayed: bool,
-    retry_after: Option<Duration>,
-    body: bytes::Bytes,
+pub(crate) struct Answer {
+    pub(crate) status: u16,
+    pub(crate) replayed: bool,
+    pub(crate) retry_after: Option<Duration>,
+    pub(crate) body: bytes::Bytes,
 }
 
 /// Posts signed deliveries; one per run, shared by every sender.
@@ -244,7 +245,12 @@ impl Sender {
             let is_retry = retries > 0;
             // No attempt outlives the delivery's give-up time.
             let retry_after = match self
-                .attempt(&tracked.event, endpoint, self.timeout.min(remaining))
+                .attempt(
+                    &tracked.event.webhook_id,
+                    &tracked.event.body,
+                    endpoint,
+                    self.timeout.min(remaining),
+                )
                 .await
             {
                 Ok(answer) => {
@@ -290,8 +296,16 @@ impl Sender {
     /// One signed POST, its answer read in full (which also lets the
     /// connection go back to the pool). The timestamp is taken now, per
     /// attempt, as a provider signs each attempt afresh: a retry minutes
-    /// later must still be inside the ingest's tolerance.
-    async fn attempt(&self, event: &Event, endpoint: &Url, timeout: Duration) -> Result<Answer, NoAnswer> {
+    /// later must still be inside the ingest's tolerance. `webhook_id` is
+    /// the Standard Webhooks `webhook-id` (signed content, not the ingest's
+    /// dedup key, which is the body's `id`).
+    pub(crate) async fn attempt(
+        &self,
+        webhook_id: &HeaderValue,
+        body: &Bytes,
+        endpoint: &Url,
+        timeout: Duration,
+    ) -> Result<Answer, NoAnswer> {
         let timestamp = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs() as i64);
@@ -302,19 +316,19 @@ impl Sender {
             .header(CONTENT_TYPE, JSON);
         let request = match self.scheme {
             Scheme::Standard => {
-                let id = event.webhook_id.to_str().expect("webhook ids are ASCII");
-                let signed = signature::sign_standard(&self.secret, id, timestamp, &event.body);
+                let id = webhook_id.to_str().expect("webhook ids are ASCII");
+                let signed = signature::sign_standard(&self.secret, id, timestamp, body);
                 request
-                    .header(WEBHOOK_ID, event.webhook_id.clone())
+                    .header(WEBHOOK_ID, webhook_id.clone())
                     .header(WEBHOOK_TIMESTAMP, timestamp)
                     .header(WEBHOOK_SIGNATURE, signed)
             }
             Scheme::Stripe => request.header(
                 STRIPE_SIGNATURE,
-                signature::sign_stripe(&self.secret, timestamp, &event.body),
+                signature::sign_stripe(&self.secret, timestamp, body),
             ),
         };
-        let response = request.body(event.body.clone()).send().await.map_err(no_answer)?;
+        let response = request.body(body.clone()).send().await.map_err(no_answer)?;
         let status = response.status().as_u16();
         let headers = response.headers();
         let replayed = headers

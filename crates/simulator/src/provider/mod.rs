@@ -43,12 +43,14 @@
 //! - `driver`: closed and open loop, the late phase, settling events.
 //! - [`stats`]: live counters and histograms, the progress line.
 //! - [`report`]: [`Summary`] and [`AckRecord`], the JSON shapes and the table.
+//! - [`send`]: one event, signed and posted once, by hand (`simulator send`).
 
 pub mod config;
 pub mod delivery;
 mod driver;
 mod plan;
 pub mod report;
+pub mod send;
 pub mod stats;
 
 use std::sync::Arc;
