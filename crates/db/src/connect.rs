@@ -29,6 +29,22 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::pool::{Pool, PoolMode};
 
+/// A connection's driver, as [`Database::connect_raw`] hands it over.
+pub type Connection = tokio_postgres::Connection<
+    tokio_postgres::Socket,
+    <MakeRustlsConnect as tokio_postgres::tls::MakeTlsConnect<tokio_postgres::Socket>>::Stream,
+>;
+
+/// The client, its driver polled by a task of its own until the connection closes.
+fn spawn_driver((client, connection): (tokio_postgres::Client, Connection)) -> tokio_postgres::Client {
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!(error = %e, "database connection closed");
+        }
+    });
+    client
+}
+
 /// Why `DATABASE_URL` is unusable. The text never repeats the URL (it may
 /// hold a password).
 #[derive(Debug, thiserror::Error)]
@@ -197,28 +213,12 @@ impl Database {
     /// One connection with `options`' session settings (its pool size and
     /// wait do not apply), its driver spawned on the current runtime.
     pub async fn connect_with(&self, options: &ConnectOptions) -> anyhow::Result<tokio_postgres::Client> {
-        let (client, connection) = self
-            .config_for(options)
-            .connect(self.tls.clone())
-            .await
-            .with_context(|| format!("connecting to {}", self.describe()))?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %e, "database connection closed");
-            }
-        });
-        Ok(client)
+        Ok(spawn_driver(self.open(self.config_for(options)).await?))
     }
 
     /// One connection, its driver spawned on the current runtime.
     pub async fn connect(&self, application_name: &'static str) -> anyhow::Result<tokio_postgres::Client> {
-        let (client, connection) = self.connect_raw(application_name).await?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %e, "database connection closed");
-            }
-        });
-        Ok(client)
+        Ok(spawn_driver(self.connect_raw(application_name).await?))
     }
 
     /// One connection with its driver left to the caller, who must poll it
@@ -226,15 +226,16 @@ impl Database {
     pub async fn connect_raw(
         &self,
         application_name: &'static str,
-    ) -> anyhow::Result<(
-        tokio_postgres::Client,
-        tokio_postgres::Connection<
-            tokio_postgres::Socket,
-            <MakeRustlsConnect as tokio_postgres::tls::MakeTlsConnect<tokio_postgres::Socket>>::Stream,
-        >,
-    )> {
+    ) -> anyhow::Result<(tokio_postgres::Client, Connection)> {
         let mut config = self.config.clone();
         config.application_name(application_name);
+        self.open(config).await
+    }
+
+    async fn open(
+        &self,
+        config: tokio_postgres::Config,
+    ) -> anyhow::Result<(tokio_postgres::Client, Connection)> {
         config
             .connect(self.tls.clone())
             .await

@@ -126,14 +126,12 @@ impl RelayMetrics {
             None => "failed",
             Some(p) if !p.ran => "locked_out",
             Some(p) => {
-                self.pruned_rows
-                    .get_or_create(&TableLabel { table: "outbox" })
-                    .inc_by(p.outbox_rows);
-                self.pruned_rows
-                    .get_or_create(&TableLabel {
-                        table: "processed_events",
-                    })
-                    .inc_by(p.processed_events);
+                for (table, rows) in [
+                    ("outbox", p.outbox_rows),
+                    ("processed_events", p.processed_events),
+                ] {
+                    self.pruned_rows.get_or_create(&TableLabel { table }).inc_by(rows);
+                }
                 "pruned"
             }
         };
