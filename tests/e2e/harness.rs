@@ -14,6 +14,7 @@ use actix_web::{App, HttpResponse, HttpServer, web};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use prost::Message as _;
 use simulator::downstream::{DownstreamConfig, RunningDownstream};
+pub use testkit::metrics::Metrics;
 use testkit::{Role, TestDb};
 
 pub const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
@@ -363,22 +364,11 @@ impl Stack {
     }
 
     pub async fn count(&self, sql: &str) -> i64 {
-        self.client.query_one(sql, &[]).await.unwrap().get::<_, i64>(0)
+        testkit::count(&self.client, sql).await
     }
 
     pub async fn wait_for(&self, sql: &str, target: i64, timeout: Duration) {
-        let started = Instant::now();
-        loop {
-            let n = self.count(sql).await;
-            if n == target {
-                return;
-            }
-            assert!(
-                started.elapsed() < timeout,
-                "{sql}: {n}, expected {target} within {timeout:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        testkit::wait_for_count(&self.client, sql, target, timeout).await;
     }
 
     pub async fn metrics(&self, admin: &str) -> Metrics {
@@ -444,78 +434,4 @@ pub fn event(id: &str, kind: &str, payment_id: &str) -> String {
     format!(
         r#"{{"id":"{id}","type":"{kind}","created":1700000000,"data":{{"payment_id":"{payment_id}","amount":4200,"currency":"gbp"}}}}"#
     )
-}
-
-/// One sample: name, labels, value.
-pub type Sample = (String, Vec<(String, String)>, f64);
-
-/// Prometheus text, parsed: `name{labels}` -> value.
-#[derive(Debug)]
-pub struct Metrics {
-    pub samples: Vec<Sample>,
-}
-
-impl Metrics {
-    /// Parses the exposition format strictly enough that a malformed line fails the test.
-    pub fn parse(text: &str) -> Self {
-        let mut samples = Vec::new();
-        for line in text.lines() {
-            if line.is_empty() || line.starts_with('#') {
-                continue;
-            }
-            let (series, value) = line
-                .rsplit_once(' ')
-                .unwrap_or_else(|| panic!("malformed line {line:?}"));
-            let value: f64 = match value {
-                "+Inf" => f64::INFINITY,
-                "-Inf" => f64::NEG_INFINITY,
-                v => v.parse().unwrap_or_else(|_| panic!("bad value in {line:?}")),
-            };
-            let (name, labels) = match series.split_once('{') {
-                Some((name, rest)) => {
-                    let rest = rest
-                        .strip_suffix('}')
-                        .unwrap_or_else(|| panic!("unclosed labels in {line:?}"));
-                    let labels = rest
-                        .split(',')
-                        .filter(|l| !l.is_empty())
-                        .map(|l| {
-                            let (k, v) = l
-                                .split_once('=')
-                                .unwrap_or_else(|| panic!("bad label in {line:?}"));
-                            (k.to_owned(), v.trim_matches('"').to_owned())
-                        })
-                        .collect();
-                    (name.to_owned(), labels)
-                }
-                None => (series.to_owned(), Vec::new()),
-            };
-            assert!(
-                name.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
-                "bad metric name in {line:?}"
-            );
-            samples.push((name, labels, value));
-        }
-        Self { samples }
-    }
-
-    /// The value of `name` with exactly these labels (others absent), or 0.
-    pub fn get(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
-        self.samples
-            .iter()
-            .filter(|(n, l, _)| {
-                n == name
-                    && labels
-                        .iter()
-                        .all(|(k, v)| l.iter().any(|(lk, lv)| lk == k && lv == v))
-                    && l.iter().filter(|(k, _)| k != "le").count() == labels.len()
-            })
-            .map(|(_, _, v)| *v)
-            .sum()
-    }
-
-    pub fn has(&self, name: &str) -> bool {
-        self.samples.iter().any(|(n, _, _)| n == name)
-    }
 }

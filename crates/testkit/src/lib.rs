@@ -643,6 +643,33 @@ pub fn http() -> reqwest::Client {
     reqwest::Client::new()
 }
 
+/// `sql`, a single count, read once.
+pub async fn count(client: &tokio_postgres::Client, sql: &str) -> i64 {
+    client.query_one(sql, &[]).await.unwrap().get::<_, i64>(0)
+}
+
+/// Polls `sql` (a count) every 50 ms until it reads `target`; panics with
+/// the last reading after `timeout`.
+pub async fn wait_for_count(
+    client: &tokio_postgres::Client,
+    sql: &str,
+    target: i64,
+    timeout: std::time::Duration,
+) {
+    let started = std::time::Instant::now();
+    loop {
+        let n = count(client, sql).await;
+        if n == target {
+            return;
+        }
+        assert!(
+            started.elapsed() < timeout,
+            "{sql}: {n}, expected {target} within {timeout:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
 /// A port free right now on 127.0.0.1.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -650,6 +677,9 @@ pub fn free_port() -> u16 {
         .map(|a| a.port())
         .expect("binding an ephemeral port")
 }
+
+pub mod metrics;
+pub mod process;
 
 /// Paths of the workspace's built binaries (`cargo build` puts them beside
 /// the test executables' folder).

@@ -124,7 +124,7 @@ impl Env {
     }
 
     pub async fn count(&self, sql: &str) -> i64 {
-        self.client.query_one(sql, &[]).await.unwrap().get::<_, i64>(0)
+        testkit::count(&self.client, sql).await
     }
 
     pub async fn row_status(&self, id: i64) -> (String, i32, Option<String>) {
@@ -175,18 +175,7 @@ impl Env {
 
     /// Waits until `sql` (a count) reaches `target`, or panics after `timeout`.
     pub async fn wait_for(&self, sql: &str, target: i64, timeout: Duration) {
-        let started = Instant::now();
-        loop {
-            let n = self.count(sql).await;
-            if n == target {
-                return;
-            }
-            assert!(
-                started.elapsed() < timeout,
-                "{sql}: {n}, expected {target} within {timeout:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        testkit::wait_for_count(&self.client, sql, target, timeout).await;
     }
 }
 

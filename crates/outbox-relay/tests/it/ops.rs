@@ -2,6 +2,8 @@
 
 use std::process::Command;
 
+use testkit::metrics::Metrics;
+
 use crate::helpers::env;
 
 fn relay_cli(url: &str, args: &[&str]) -> (bool, String, String) {
@@ -225,33 +227,36 @@ async fn audit_counts_a_known_workload() {
     assert!(!ok && err.contains("soon"), "{err}");
 }
 
-/// Reads one sample of the relay's `/metrics`, e.g. `outbox_pruned_rows_total{table="outbox"}`.
-async fn metric(env: &crate::helpers::Env, admin: &str, series: &str) -> Option<f64> {
-    let text = env
+/// The relay's `/metrics` at `admin`; `None` until it answers.
+async fn metrics(env: &crate::helpers::Env, admin: &str) -> Option<Metrics> {
+    let response = env
         .http
         .get(format!("http://{admin}/metrics"))
         .send()
         .await
-        .ok()?
-        .text()
-        .await
         .ok()?;
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+    Some(Metrics::parse(&response.text().await.ok()?))
 }
 
-async fn wait_for_metric(env: &crate::helpers::Env, admin: &str, series: &str, at_least: f64) -> f64 {
+/// The sample of `name{label=value}`, once it exists and reads at least `at_least`.
+async fn wait_for_metric(
+    env: &crate::helpers::Env,
+    admin: &str,
+    name: &str,
+    label: (&str, &str),
+    at_least: f64,
+) -> f64 {
     let started = std::time::Instant::now();
     loop {
-        if let Some(v) = metric(env, admin, series).await
+        let value = metrics(env, admin).await.and_then(|m| m.find(name, &[label]));
+        if let Some(v) = value
             && v >= at_least
         {
             return v;
         }
         assert!(
             started.elapsed() < std::time::Duration::from_secs(20),
-            "{series}: {:?}, expected at least {at_least}",
-            metric(env, admin, series).await
+            "{name}{label:?}: {value:?}, expected at least {at_least}"
         );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
@@ -274,21 +279,17 @@ async fn the_relay_prunes_on_its_own_and_counts_runs_rows_and_failures() {
     let relay = env.spawn_relay(&[("RELAY_PRUNE_INTERVAL_SECS", "1"), ("ADMIN_LISTEN_ADDR", &admin)]);
 
     // Before the first run every series reads 0, failures included.
-    let failed = r#"outbox_prune_runs_total{result="failed"}"#;
-    assert_eq!(wait_for_metric(&env, &admin, failed, 0.0).await, 0.0);
+    let (runs, failed) = ("outbox_prune_runs_total", ("result", "failed"));
+    assert_eq!(wait_for_metric(&env, &admin, runs, failed, 0.0).await, 0.0);
 
-    wait_for_metric(&env, &admin, r#"outbox_prune_runs_total{result="pruned"}"#, 1.0).await;
+    wait_for_metric(&env, &admin, runs, ("result", "pruned"), 1.0).await;
+    let after_first = metrics(&env, &admin).await.unwrap();
     assert_eq!(
-        metric(&env, &admin, r#"outbox_pruned_rows_total{table="outbox"}"#).await,
+        after_first.find("outbox_pruned_rows_total", &[("table", "outbox")]),
         Some(250.0)
     );
     assert_eq!(
-        metric(
-            &env,
-            &admin,
-            r#"outbox_pruned_rows_total{table="processed_events"}"#
-        )
-        .await,
+        after_first.find("outbox_pruned_rows_total", &[("table", "processed_events")]),
         Some(120.0)
     );
     assert_eq!(
@@ -297,7 +298,10 @@ async fn the_relay_prunes_on_its_own_and_counts_runs_rows_and_failures() {
         0
     );
     assert_eq!(env.count("SELECT count(*) FROM processed_events").await, 0);
-    assert_eq!(metric(&env, &admin, failed).await, Some(0.0));
+    assert_eq!(
+        metrics(&env, &admin).await.unwrap().find(runs, &[failed]),
+        Some(0.0)
+    );
 
     // Retention that cannot run is counted, and the relay carries on.
     env.client
@@ -308,7 +312,7 @@ async fn the_relay_prunes_on_its_own_and_counts_runs_rows_and_failures() {
         )
         .await
         .unwrap();
-    wait_for_metric(&env, &admin, failed, 2.0).await;
+    wait_for_metric(&env, &admin, runs, failed, 2.0).await;
     assert_eq!(
         env.count("SELECT count(*) FROM processed_events WHERE event_id = 'evt_stuck'")
             .await,

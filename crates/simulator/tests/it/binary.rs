@@ -1,9 +1,6 @@
 //! The binary as `make run` and `make bench` start it.
 
-use std::process::Stdio;
-use std::time::Duration;
-
-use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, BufReader};
+use testkit::process::AnnouncingProcess;
 use tokio::process::Command;
 
 use crate::helpers::{client, shipment};
@@ -12,7 +9,8 @@ const BIN: &str = env!("CARGO_BIN_EXE_simulator");
 
 #[tokio::test]
 async fn prints_its_listening_line_serves_and_stops_on_sigterm() {
-    let mut child = Command::new(BIN)
+    let mut command = Command::new(BIN);
+    command
         .args([
             "downstream",
             "--listen",
@@ -22,18 +20,8 @@ async fn prints_its_listening_line_serves_and_stops_on_sigterm() {
             "--retry-after-secs",
             "2",
         ])
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    tokio::time::timeout(Duration::from_secs(10), stdout.read_line(&mut line))
-        .await
-        .expect("the listening line in time")
-        .unwrap();
+        .env("RUST_LOG", "info");
+    let (server, line) = AnnouncingProcess::spawn(command).await;
     let announced: serde_json::Value = serde_json::from_str(&line).unwrap();
     let addr = announced["listening"].as_str().unwrap();
     assert!(addr.starts_with("127.0.0.1:") && !addr.ends_with(":0"), "{line}");
@@ -59,28 +47,7 @@ async fn prints_its_listening_line_serves_and_stops_on_sigterm() {
         .unwrap();
     assert_eq!((stats.requests, stats.effects), (1, 0));
 
-    let pid = child.id().unwrap().to_string();
-    let killed = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    let status = tokio::time::timeout(Duration::from_secs(5), child.wait())
-        .await
-        .expect("stops within 5 s")
-        .unwrap();
-    assert!(status.success(), "{status:?}");
-    let mut rest = String::new();
-    stdout.read_to_string(&mut rest).await.unwrap();
-    assert_eq!(rest, "", "stdout carries the listening line alone");
-    let mut logs = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut logs)
-        .await
-        .unwrap();
+    let logs = server.terminate().await;
     assert!(logs.contains("downstream serving"), "{logs}");
 }
 

@@ -1,10 +1,9 @@
 //! The binary as scripts start it.
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use simulator::proxy::Stats;
-use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, BufReader};
+use testkit::process::AnnouncingProcess;
 use tokio::process::Command;
 
 use crate::helpers::{client, ship};
@@ -14,21 +13,12 @@ const BIN: &str = env!("CARGO_BIN_EXE_simulator");
 #[tokio::test]
 async fn prints_its_addresses_forwards_takes_faults_and_stops_on_sigterm() {
     let downstream = simulator::downstream::spawn(Default::default()).await.unwrap();
-    let mut child = Command::new(BIN)
+    let mut command = Command::new(BIN);
+    command
         .args(["proxy", "--listen", "127.0.0.1:0", "--delay-ms", "1"])
         .env("PROXY_UPSTREAM", downstream.addr().to_string())
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    tokio::time::timeout(Duration::from_secs(10), stdout.read_line(&mut line))
-        .await
-        .expect("the listening line in time")
-        .unwrap();
+        .env("RUST_LOG", "info");
+    let (server, line) = AnnouncingProcess::spawn(command).await;
     let announced: serde_json::Value = serde_json::from_str(&line).unwrap();
     let addr = announced["listening"].as_str().unwrap();
     let control = announced["control"].as_str().unwrap();
@@ -62,28 +52,7 @@ async fn prints_its_addresses_forwards_takes_faults_and_stops_on_sigterm() {
     assert!(stats.injected.delays >= 2, "--delay-ms applied: {stats:?}");
     assert_eq!(downstream.stats().effects, 2);
 
-    let pid = child.id().unwrap().to_string();
-    let killed = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    let status = tokio::time::timeout(Duration::from_secs(5), child.wait())
-        .await
-        .expect("stops within 5 s")
-        .unwrap();
-    assert!(status.success(), "{status:?}");
-    let mut rest = String::new();
-    stdout.read_to_string(&mut rest).await.unwrap();
-    assert_eq!(rest, "", "stdout carries the listening line alone");
-    let mut logs = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut logs)
-        .await
-        .unwrap();
+    let logs = server.terminate().await;
     assert!(
         logs.contains("proxy forwarding") && logs.contains("faults changed"),
         "{logs}"
