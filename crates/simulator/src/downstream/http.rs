@@ -17,7 +17,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde::{Deserialize, Serialize};
 
 use super::faults::{Failure, Faults, ScriptStep};
-use super::state::{Api, Arrival, State, Stored, Target, Template, Verdict, unix_ms};
+use super::state::{Api, Arrival, Decision, State, Stored, Target, Template, Verdict, unix_us};
 
 pub(crate) const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 pub(crate) const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
@@ -79,7 +79,7 @@ fn header<'a>(req: &'a HttpRequest, name: &HeaderName) -> Option<&'a str> {
 
 async fn serve(state: &State, api: Api, req: &HttpRequest, body: &[u8]) -> HttpResponse {
     state.count_request(api);
-    let at_ms = unix_ms();
+    let at_us = unix_us();
     let traceparent = header(req, &TRACEPARENT);
     let key = header(req, &IDEMPOTENCY_KEY).filter(|k| !k.is_empty());
     let valid = match key {
@@ -89,7 +89,7 @@ async fn serve(state: &State, api: Api, req: &HttpRequest, body: &[u8]) -> HttpR
     let (key, target) = match valid {
         Ok(valid) => valid,
         Err(message) => {
-            state.note_rejected(key, traceparent, body, at_ms, StatusCode::BAD_REQUEST);
+            state.note_rejected(key, traceparent, body, at_us, StatusCode::BAD_REQUEST);
             return error(StatusCode::BAD_REQUEST, &message);
         }
     };
@@ -100,12 +100,18 @@ async fn serve(state: &State, api: Api, req: &HttpRequest, body: &[u8]) -> HttpR
         target,
         body,
         traceparent,
-        at_ms,
+        at_us,
     };
-    let (verdict, hang) = state.decide(&arrival, faults.draw());
+    // `call` closes the call's record when this future ends, however it
+    // ends: dropped mid-await because the client went away, it records 0.
+    let Decision {
+        verdict,
+        hang,
+        mut call,
+    } = state.decide(&arrival, faults.draw());
     let latency = faults.latency_ms.sample();
     let hang = if hang { faults.hang() } else { Duration::ZERO };
-    match verdict {
+    let response = match verdict {
         Verdict::Create(pending) => {
             let body = if hang.is_zero() {
                 // The key stays claimed while the work takes its time, so a
@@ -152,10 +158,13 @@ async fn serve(state: &State, api: Api, req: &HttpRequest, body: &[u8]) -> HttpR
         Verdict::Fail(Failure::Reset) => {
             pause(latency).await;
             reset_connection(req);
-            // Never written: the socket is already shut down.
-            HttpResponse::InternalServerError().finish()
+            // Never written: the socket is already shut down. The call
+            // records no answer (0).
+            return HttpResponse::InternalServerError().finish();
         }
-    }
+    };
+    call.answered(response.status());
+    response
 }
 
 /// Skips the timer entirely on the zero-latency path.

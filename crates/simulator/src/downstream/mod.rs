@@ -47,7 +47,7 @@ use actix_web::http::KeepAlive;
 use actix_web::{App, HttpServer, web};
 
 pub use faults::{Faults, Latency, ScriptStep};
-pub use stats::{KeyStats, PathStats, Stats, TargetEffects};
+pub use stats::{CallRecord, KeyStats, PathStats, Stats, TargetEffects};
 
 use state::State;
 

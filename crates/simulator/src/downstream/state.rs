@@ -5,8 +5,9 @@
 //! picked by hash, so two workers rarely wait for each other and no lock is
 //! held across an `.await`. Plain counters are atomics. A request takes the
 //! lock of its key's shard once on arrival (record it, consume a script
-//! entry, claim the key) and, if it creates an effect, its target's shard
-//! and its key's shard once more to store the response.
+//! entry, claim the key, open its [`CallRecord`]), if it creates an effect,
+//! its target's shard and its key's shard once more to store the response,
+//! and its key's shard once more when it ends, to close its call record.
 
 use std::collections::hash_map::{DefaultHasher, RandomState};
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -21,7 +22,8 @@ use serde::Deserialize;
 
 use super::faults::{Failure, Faults, ScriptStep, Step};
 use super::stats::{
-    Injected, KeyStats, MAX_DOUBLE_TARGETS, MAX_SAMPLES, MAX_STATUSES, PathStats, Stats, TargetEffects,
+    CallRecord, Injected, KeyStats, MAX_DOUBLE_TARGETS, MAX_SAMPLES, MAX_STATUSES, PathStats, Stats,
+    TargetEffects,
 };
 
 /// Shards of the key and target maps: well above the number of workers, so
@@ -111,11 +113,31 @@ enum Claim {
     Done { body_hash: u64, response: Stored },
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct KeyRecord {
+    /// Unique for the process's life: a `POST /control/reset` drops records,
+    /// and a call that arrived before it must not close a call of the key's
+    /// next record (see [`CallSlot`]).
+    id: u64,
     claim: Claim,
     script: VecDeque<ScriptStep>,
     stats: KeyStats,
+}
+
+/// Where a call's [`CallRecord`] is: its key's record and its index there.
+/// `None` past [`MAX_STATUSES`] calls, when nothing is recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct CallSlot {
+    record: u64,
+    index: usize,
+}
+
+impl KeyRecord {
+    fn call_mut(&mut self, slot: CallSlot) -> Option<&mut CallRecord> {
+        (self.id == slot.record)
+            .then(|| self.stats.calls.get_mut(slot.index))
+            .flatten()
+    }
 }
 
 /// What to do with a request, decided on arrival under its key's lock.
@@ -136,7 +158,45 @@ pub(crate) struct Arrival<'a> {
     pub target: Target,
     pub body: &'a [u8],
     pub traceparent: Option<&'a str>,
-    pub at_ms: u64,
+    /// Unix microseconds when the request reached the handler.
+    pub at_us: u64,
+}
+
+/// A request's fate, decided on arrival: what to answer, whether the answer
+/// is held back by a hang, and its open call record.
+pub(crate) struct Decision<'a> {
+    pub verdict: Verdict<'a>,
+    pub hang: bool,
+    pub call: CallEnd<'a>,
+}
+
+/// Closes a call's [`CallRecord`] when dropped, whichever way the handler
+/// ends: with the status given to [`CallEnd::answered`], or 0 when it never
+/// was (a reset, or the future dropped because the client went away).
+pub(crate) struct CallEnd<'a> {
+    state: &'a State,
+    key: &'a str,
+    slot: Option<CallSlot>,
+    status: u16,
+}
+
+impl CallEnd<'_> {
+    /// The answer about to be handed to the server.
+    pub(crate) fn answered(&mut self, status: StatusCode) {
+        self.status = status.as_u16();
+    }
+}
+
+impl Drop for CallEnd<'_> {
+    fn drop(&mut self) {
+        let Some(slot) = self.slot else { return };
+        let ended_us = unix_us();
+        let mut shard = self.state.key_shard(self.key);
+        if let Some(call) = shard.get_mut(self.key).and_then(|record| record.call_mut(slot)) {
+            call.ended_us = ended_us;
+            call.status = self.status;
+        }
+    }
 }
 
 /// A claimed key whose effect is yet to be created. Dropped without
@@ -147,6 +207,7 @@ pub(crate) struct PendingEffect<'a> {
     key: &'a str,
     body_hash: u64,
     target: Target,
+    call: Option<CallSlot>,
     created: bool,
 }
 
@@ -154,7 +215,8 @@ impl PendingEffect<'_> {
     /// Creates the effect and stores the response; returns its body.
     pub(crate) fn create(mut self) -> Bytes {
         self.created = true;
-        self.state.create_effect(self.key, self.body_hash, self.target)
+        self.state
+            .create_effect(self.key, self.body_hash, self.target, self.call)
     }
 }
 
@@ -229,6 +291,8 @@ pub(crate) struct State {
     counters: Counters,
     /// Per API. Never reset, so one process never hands out an id twice.
     next_id: [AtomicU64; 2],
+    /// The last [`KeyRecord::id`] handed out.
+    last_record: AtomicU64,
 }
 
 /// A poisoned lock only means another request panicked mid-update; the
@@ -237,10 +301,14 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-pub(crate) fn unix_ms() -> u64 {
+pub(crate) fn unix_us() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+fn unix_ms() -> u64 {
+    unix_us() / 1000
 }
 
 /// Identifies a body for "same key, same body": SipHash with fixed keys,
@@ -284,6 +352,16 @@ impl State {
             shard_hasher: RandomState::new(),
             counters: Counters::new(),
             next_id: [AtomicU64::new(0), AtomicU64::new(0)],
+            last_record: AtomicU64::new(0),
+        }
+    }
+
+    fn new_record(&self) -> KeyRecord {
+        KeyRecord {
+            id: self.last_record.fetch_add(1, Relaxed) + 1,
+            claim: Claim::Free,
+            script: VecDeque::new(),
+            stats: KeyStats::default(),
         }
     }
 
@@ -305,7 +383,10 @@ impl State {
 
     /// Replaces the key's script.
     pub(crate) fn set_script(&self, key: &str, steps: Vec<ScriptStep>) {
-        self.key_shard(key).entry(key.to_owned()).or_default().script = steps.into();
+        self.key_shard(key)
+            .entry(key.to_owned())
+            .or_insert_with(|| self.new_record())
+            .script = steps.into();
     }
 
     pub(crate) fn count_request(&self, api: Api) {
@@ -319,38 +400,55 @@ impl State {
     }
 
     /// A request refused before any idempotency logic (400): counted, and
-    /// recorded under its key when it has one.
+    /// recorded under its key when it has one, its call ended as it arrived.
     pub(crate) fn note_rejected(
         &self,
         key: Option<&str>,
         traceparent: Option<&str>,
         body: &[u8],
-        at_ms: u64,
+        at_us: u64,
         status: StatusCode,
     ) {
         self.count_status(status.as_u16());
         if let Some(key) = key {
             let mut shard = self.key_shard(key);
-            let stats = &mut shard.entry(key.to_owned()).or_default().stats;
-            stats.note_request(traceparent, body, at_ms);
+            let stats = &mut shard
+                .entry(key.to_owned())
+                .or_insert_with(|| self.new_record())
+                .stats;
+            stats.note_request(traceparent, body, at_us / 1000);
             stats.note_status(status.as_u16());
+            if stats.calls.len() < MAX_STATUSES {
+                stats.calls.push(CallRecord {
+                    arrived_us: at_us,
+                    ended_us: unix_us(),
+                    status: status.as_u16(),
+                    effect: false,
+                    hung: false,
+                });
+            }
         }
     }
 
     /// Records the request and decides its fate: the key's next script entry
     /// if it has one, else `drawn`; then, for a request to process, the
-    /// key's state (claim it, replay, 409 or 422).
-    pub(crate) fn decide<'a>(&'a self, arrival: &Arrival<'a>, drawn: Step) -> (Verdict<'a>, bool) {
+    /// key's state (claim it, replay, 409 or 422). Opens the call's record,
+    /// closed when the returned [`CallEnd`] is dropped.
+    pub(crate) fn decide<'a>(&'a self, arrival: &Arrival<'a>, drawn: Step) -> Decision<'a> {
         let key = arrival.key;
         let body_hash = body_hash(arrival.body);
         let mut shard = self.key_shard(key);
         if !shard.contains_key(key) {
-            shard.insert(key.to_owned(), KeyRecord::default());
+            shard.insert(key.to_owned(), self.new_record());
         }
         let record = shard.get_mut(key).expect("inserted above");
         record
             .stats
-            .note_request(arrival.traceparent, arrival.body, arrival.at_ms);
+            .note_request(arrival.traceparent, arrival.body, arrival.at_us / 1000);
+        let call = (record.stats.calls.len() < MAX_STATUSES).then_some(CallSlot {
+            record: record.id,
+            index: record.stats.calls.len(),
+        });
         let step = match record.script.pop_front() {
             Some(scripted) => {
                 self.counters.scripted.fetch_add(1, Relaxed);
@@ -361,12 +459,12 @@ impl State {
         let verdict = match step {
             Step::Fail(failure) => Verdict::Fail(failure),
             Step::Proceed | Step::Hang if !self.idempotency => {
-                Verdict::Create(self.pending(arrival, body_hash))
+                Verdict::Create(self.pending(arrival, body_hash, call))
             }
             Step::Proceed | Step::Hang => match &record.claim {
                 Claim::Free => {
                     record.claim = Claim::InProgress { body_hash };
-                    Verdict::Create(self.pending(arrival, body_hash))
+                    Verdict::Create(self.pending(arrival, body_hash, call))
                 }
                 Claim::InProgress { body_hash: h } | Claim::Done { body_hash: h, .. } if *h != body_hash => {
                     Verdict::Mismatch
@@ -384,6 +482,16 @@ impl State {
             Verdict::Fail(Failure::Reset) => 0,
         };
         record.stats.note_status(status);
+        let hang = step == Step::Hang;
+        if call.is_some() {
+            record.stats.calls.push(CallRecord {
+                arrived_us: arrival.at_us,
+                ended_us: 0,
+                status: 0,
+                effect: false,
+                hung: hang,
+            });
+        }
         drop(shard);
 
         let counters = &self.counters;
@@ -400,24 +508,38 @@ impl State {
         if status != 0 {
             self.count_status(status);
         }
-        let hang = step == Step::Hang;
         if hang {
             counters.hangs.fetch_add(1, Relaxed);
         }
-        (verdict, hang)
+        Decision {
+            verdict,
+            hang,
+            call: CallEnd {
+                state: self,
+                key,
+                slot: call,
+                status: 0,
+            },
+        }
     }
 
-    fn pending<'a>(&'a self, arrival: &Arrival<'a>, body_hash: u64) -> PendingEffect<'a> {
+    fn pending<'a>(
+        &'a self,
+        arrival: &Arrival<'a>,
+        body_hash: u64,
+        call: Option<CallSlot>,
+    ) -> PendingEffect<'a> {
         PendingEffect {
             state: self,
             key: arrival.key,
             body_hash,
             target: arrival.target,
+            call,
             created: false,
         }
     }
 
-    fn create_effect(&self, key: &str, body_hash: u64, target: Target) -> Bytes {
+    fn create_effect(&self, key: &str, body_hash: u64, target: Target, call: Option<CallSlot>) -> Bytes {
         let api = target.api();
         let id = self.next_id[api.index()].fetch_add(1, Relaxed) + 1;
         let body = Bytes::from(match target {
@@ -447,9 +569,12 @@ impl State {
 
         let mut shard = self.key_shard(key);
         // A `POST /control/reset` in between forgot the key: record it anew.
-        let record = shard.entry(key.to_owned()).or_default();
+        let record = shard.entry(key.to_owned()).or_insert_with(|| self.new_record());
         record.stats.effects += 1;
         record.stats.effect_at_ms.get_or_insert_with(unix_ms);
+        if let Some(call) = call.and_then(|slot| record.call_mut(slot)) {
+            call.effect = true;
+        }
         if self.idempotency {
             record.claim = Claim::Done {
                 body_hash,
@@ -546,5 +671,82 @@ impl State {
             double_effect_targets,
             keys,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn arrive<'a>(state: &'a State, key: &'a str, body: &'a [u8], step: Step) -> Decision<'a> {
+        let arrival = Arrival {
+            key,
+            target: Target::Shipment { order_id: 1 },
+            body,
+            traceparent: None,
+            at_us: unix_us(),
+        };
+        state.decide(&arrival, step)
+    }
+
+    fn calls(state: &State, key: &str) -> Vec<CallRecord> {
+        state.snapshot(true).key(key).calls.clone()
+    }
+
+    #[test]
+    fn a_call_dropped_after_its_effect_records_the_effect_and_no_answer() {
+        let state = State::new(true, Faults::default());
+        let body = br#"{"order_id":1}"#;
+        let Decision { verdict, hang, call } = arrive(&state, "ship-1", body, Step::Hang);
+        assert!(hang);
+        let Verdict::Create(pending) = verdict else {
+            panic!("a free key is claimed")
+        };
+        pending.create();
+        let open = calls(&state, "ship-1");
+        assert_eq!((open[0].ended_us, open[0].effect, open[0].hung), (0, true, true));
+
+        // The handler's future dropped mid-hang: no `answered`.
+        drop(call);
+        let closed = &calls(&state, "ship-1")[0];
+        assert!(closed.ended_us >= closed.arrived_us && closed.ended_us > 0);
+        assert_eq!((closed.status, closed.effect, closed.hung), (0, true, true));
+    }
+
+    #[test]
+    fn a_call_from_before_a_reset_leaves_the_keys_new_calls_alone() {
+        let state = State::new(true, Faults::default());
+        let body = br#"{"order_id":1}"#;
+        let before = arrive(&state, "ship-1", body, Step::Proceed);
+        state.reset();
+        let Decision {
+            verdict, mut call, ..
+        } = arrive(&state, "ship-1", body, Step::Proceed);
+        let Verdict::Create(pending) = verdict else {
+            panic!("the reset freed the key")
+        };
+
+        // Both calls sit at index 0 of their key's record; only the new one
+        // may close the new record's call.
+        drop(before);
+        assert_eq!(calls(&state, "ship-1")[0].ended_us, 0);
+        pending.create();
+        call.answered(StatusCode::CREATED);
+        drop(call);
+        let after = calls(&state, "ship-1");
+        assert_eq!(after.len(), 1);
+        assert_eq!((after[0].status, after[0].effect), (201, true));
+    }
+
+    #[test]
+    fn past_max_statuses_calls_are_not_recorded() {
+        let state = State::new(true, Faults::default());
+        for _ in 0..MAX_STATUSES + 3 {
+            let mut decision = arrive(&state, "ship-1", b"{}", Step::Fail(Failure::Reset));
+            decision.call.answered(StatusCode::OK);
+        }
+        let recorded = calls(&state, "ship-1");
+        assert_eq!(recorded.len(), MAX_STATUSES);
+        assert!(recorded.iter().all(|c| c.status == 200 && c.ended_us > 0));
     }
 }

@@ -88,9 +88,31 @@ pub struct KeyStats {
     /// Unix ms when the (first) effect was created; the end of an event's
     /// journey for the latency benchmark.
     pub effect_at_ms: Option<u64>,
+    /// The first [`MAX_STATUSES`] calls in arrival order, with when each
+    /// started and ended: what an audit needs to tell a call that was under
+    /// way at some moment from one that started after it. A call still in
+    /// flight has `ended_us` 0 and `status` 0.
+    #[serde(default)]
+    pub calls: Vec<CallRecord>,
 }
 
-/// Statuses kept per key: a retry storm shows its shape in 50.
+/// One request with a key, as the downstream saw it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CallRecord {
+    /// Unix microseconds when the request reached the handler.
+    pub arrived_us: u64,
+    /// Unix microseconds when the handler finished: the answer handed to the server, the
+    /// connection reset, or the request dropped because the client went away.
+    pub ended_us: u64,
+    /// The status answered; 0 for a reset or a request dropped before its answer.
+    pub status: u16,
+    /// Whether this call created the key's effect.
+    pub effect: bool,
+    /// Whether the answer was held back by a hang fault (the work done, the answer late).
+    pub hung: bool,
+}
+
+/// Statuses and calls kept per key: a retry storm shows its shape in 50.
 pub const MAX_STATUSES: usize = 50;
 /// Traceparents and bodies kept per key: enough to check that retries send
 /// the same body and trace, bounded so 50,000 keys stay a few MB.

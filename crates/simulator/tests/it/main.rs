@@ -2,6 +2,7 @@
 //! the library, and the binary as scripts run it.
 
 mod binary;
+mod calls;
 mod control;
 mod faults;
 mod helpers;
