@@ -11,7 +11,10 @@
 #     timeout for a moment: the provider gives up and retries requests that
 #     had succeeded (the incident's mechanism), and gets the original answer;
 # and ends with the audit table, whose effect counts come from the downstream
-# simulator's own records. Double effects must read 0 (exit 1 otherwise).
+# simulator's own records, then the per-order audit (simulator audit): each
+# order's shipments, confirmation and refund notice, from the downstream's
+# records of every call, against the database. Double effects must read 0 and
+# every per-order rule must hold (RESULT: FAILED and exit 1 otherwise).
 #
 # Settings (environment):
 #   RUN_EVENTS=3000              events the provider sends
@@ -38,6 +41,7 @@ degraded=${RUN_DEGRADED_SECS:-10}
 stall=${RUN_STALL_SECS:-2}
 dir=${RUN_DIR:-target/run}
 keep=${RUN_KEEP:-0}
+lease=${RELAY_LEASE_SECS:-10}
 ingest_addr=${INGEST_LISTEN_ADDR:-127.0.0.1:8080}
 ingest_admin=${ADMIN_LISTEN_ADDR:-127.0.0.1:9090}
 relay_admin=${RELAY_ADMIN_LISTEN_ADDR:-127.0.0.1:9091}
@@ -47,7 +51,7 @@ for b in webhook-ingest outbox-relay simulator; do
   [ -x "$bin/$b" ] || { echo "run: $bin/$b is missing: run 'make release' (or set BIN_DIR)" >&2; exit 1; }
 done
 mkdir -p "$dir"
-rm -f "$dir"/*.log "$dir"/acks.jsonl "$dir"/audit.json "$dir"/provider.json
+rm -f "$dir"/*.log "$dir"/acks.jsonl "$dir"/audit.json "$dir"/order-audit.json "$dir"/provider.json
 
 say() { printf '\033[1m[run]\033[0m %s\n' "$*" >&2; }
 
@@ -87,7 +91,7 @@ WEBHOOK_SECRETS=$secret INGEST_LISTEN_ADDR=$ingest_addr ADMIN_LISTEN_ADDR=$inges
 pids+=($!)
 # A relay tuned for a demo: short timeouts and backoff, so retries show within the run.
 FULFILMENT_URL=$downstream EMAIL_URL=$downstream ADMIN_LISTEN_ADDR=$relay_admin \
-  RELAY_HTTP_TIMEOUT_MS=${RELAY_HTTP_TIMEOUT_MS:-2000} RELAY_LEASE_SECS=${RELAY_LEASE_SECS:-10} \
+  RELAY_HTTP_TIMEOUT_MS=${RELAY_HTTP_TIMEOUT_MS:-2000} RELAY_LEASE_SECS=$lease \
   RELAY_BACKOFF_BASE_MS=${RELAY_BACKOFF_BASE_MS:-200} RELAY_BACKOFF_MAX_SECS=${RELAY_BACKOFF_MAX_SECS:-5} \
   "$bin/outbox-relay" >"$dir/relay.log" 2>&1 &
 pids+=($!)
@@ -150,12 +154,22 @@ echo
 "$bin/outbox-relay" audit --since 1h --downstream-stats "$downstream"
 "$bin/outbox-relay" audit --since 1h --downstream-stats "$downstream" --json >"$dir/audit.json"
 echo
+# Per order, from the downstream's own records; only this run's payments need
+# their confirmation at this downstream (a reused DATABASE_URL holds older ones).
+order_audit=0
+"$bin/simulator" audit --downstream "$downstream" --lease-secs "$lease" --since-secs "$((SECONDS + 60))" \
+  --json-file "$dir/order-audit.json" || order_audit=$?
+echo
 
 result=0
-python3 - "$dir/audit.json" "$dir/provider.json" <<'PY' || result=$?
+python3 - "$dir/audit.json" "$dir/provider.json" "$dir/order-audit.json" "$order_audit" <<'PY' || result=$?
 import json, sys
 audit = json.load(open(sys.argv[1]))
 provider = json.load(open(sys.argv[2]))
+try:
+    orders = json.load(open(sys.argv[3]))
+except (OSError, ValueError):
+    orders = None
 down = audit["downstream"]
 cmds = {}
 for kind, status, n in audit["commands"]:
@@ -175,6 +189,14 @@ if down["emails"] != emails:
     problems.append(f"emails at the downstream {down['emails']} != email commands delivered {emails}")
 if provider["acknowledged"] != provider["events"]:
     problems.append(f"{provider['events'] - provider['acknowledged']} events never acknowledged")
+if orders is None:
+    problems.append(f"the per-order audit did not run (simulator audit exit {sys.argv[4]})")
+else:
+    # Double effects are reported above, from the same downstream counter.
+    for f in orders["findings"]:
+        if f["count"] and f["rule"] != "double_effects":
+            ids = " ".join(map(str, f["examples"]))
+            problems.append(f"{f['count']} {f['title']} (orders {ids})")
 print(f"provider: {provider['events']} events, {provider['deliveries']} deliveries "
       f"({provider['duplicate_deliveries']} duplicates, {provider['burst_deliveries']} in bursts, "
       f"{provider['retries']} retries after {provider['timeouts']} timeouts), all acknowledged: "
@@ -183,7 +205,8 @@ if problems:
     print("RESULT: FAILED: " + "; ".join(problems))
     sys.exit(1)
 print(f"RESULT: exactly once: {down['shipments']} shipments and {down['emails']} emails for "
-      f"{audit['distinct_events']} events and {audit['deliveries']} deliveries; double effects 0")
+      f"{audit['distinct_events']} events and {audit['deliveries']} deliveries; double effects 0; "
+      f"every per-order rule held")
 PY
 
 if [ "$keep" = 1 ]; then
@@ -195,6 +218,7 @@ if [ "$keep" = 1 ]; then
   PROVIDER_SECRET=$secret $bin/simulator send pay_$first --target http://$ingest_addr
   curl -s $downstream/stats         # requests and effects per idempotency key
   DATABASE_URL=$DATABASE_URL $bin/outbox-relay stats
+  DATABASE_URL=$DATABASE_URL $bin/simulator audit --downstream $downstream --lease-secs $lease
   metrics: http://$ingest_admin/metrics and http://$relay_admin/metrics
 HINTS
   while :; do sleep 3600 & pids+=($!); wait $!; done

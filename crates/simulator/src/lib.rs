@@ -16,13 +16,18 @@
 //! process with [`proxy::spawn`]; scripts run `simulator proxy`, which prints
 //! `{"listening":"ADDR","control":"ADDR"}`.
 //!
+//! After a run, `simulator audit` ([`audit::run`]) checks the product's
+//! promise per order: the downstream's records against the database.
+//!
 //! # Layout
-//! - [`cli`]: the command line (`simulator downstream|provider|proxy ...`).
+//! - [`audit`]: the per-order rules, checked after a run.
+//! - [`cli`]: the command line (`simulator downstream|provider|proxy|send|audit ...`).
 //! - [`downstream`]: the server, its idempotency and faults, `/stats`.
 //! - [`provider`]: events, signed deliveries and retries, the load loops, the summary.
 //! - [`proxy`]: the TCP proxy, its faults and control endpoints, its stats.
 #![forbid(unsafe_code)]
 
+pub mod audit;
 pub mod cli;
 pub mod downstream;
 pub mod provider;

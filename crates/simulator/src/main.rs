@@ -2,6 +2,7 @@
 //! `simulator provider`: the simulated payment provider and load generator.
 //! `simulator proxy`: the fault-injecting TCP proxy.
 //! `simulator send`: one signed webhook, posted once, by hand.
+//! `simulator audit`: the per-order rules after a run.
 //!
 //! # Layout
 //! Parses the command line (exit 2 with one line naming the variable on any
@@ -16,6 +17,9 @@
 //!   1 otherwise. SIGTERM or Ctrl-C stops it early, with a summary.
 //! - `send` posts one signed event once and prints the status line and the
 //!   answer on stdout; exit 0 on a 2xx, 1 otherwise.
+//! - `audit` reads the downstream's stats and the database, prints the
+//!   table of rules on stdout (and the report as JSON to `--json-file`);
+//!   exit 0 if every rule held, 1 on a violation or an error.
 //! - `proxy` sends logs to stderr, binds the proxy and its control address,
 //!   prints `{"listening":"ADDR","control":"ADDR"}` as the only line on
 //!   stdout, and forwards until SIGTERM or Ctrl-C.
@@ -27,7 +31,8 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use service::{LogFormat, config_error};
-use simulator::cli::{Cli, Command, DownstreamArgs, ProviderArgs, ProxyArgs, SendArgs};
+use simulator::audit;
+use simulator::cli::{AuditArgs, Cli, Command, DownstreamArgs, ProviderArgs, ProxyArgs, SendArgs};
 use simulator::downstream::{self, DownstreamConfig};
 use simulator::provider;
 use simulator::proxy::{self, ProxyConfig};
@@ -41,6 +46,37 @@ fn main() -> ExitCode {
         Command::Provider(args) => provide(args),
         Command::Proxy(args) => serve_proxy(args),
         Command::Send(args) => send(args),
+        Command::Audit(args) => audit(args),
+    }
+}
+
+fn audit(args: AuditArgs) -> ExitCode {
+    let config = args.config().unwrap_or_else(|e| config_error(PROGRAM, &e));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("building the tokio runtime");
+    let report = match runtime.block_on(audit::run(&config)) {
+        Ok(report) => report,
+        Err(e) => {
+            eprintln!("{PROGRAM}: error: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    println!("{report}");
+    if let Some(path) = &args.json_file {
+        let written = serde_json::to_vec(&report)
+            .map_err(anyhow::Error::from)
+            .and_then(|json| std::fs::write(path, json).map_err(anyhow::Error::from));
+        if let Err(e) = written {
+            eprintln!("{PROGRAM}: error: writing {}: {e:#}", path.display());
+            return ExitCode::FAILURE;
+        }
+    }
+    if report.passed() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     }
 }
 

@@ -92,6 +92,19 @@ impl Target {
             Self::Email { .. } => Api::Emails,
         }
     }
+
+    fn effects(self, effects: u64) -> TargetEffects {
+        let (order_id, template) = match self {
+            Self::Shipment { order_id } => (order_id, None),
+            Self::Email { order_id, template } => (order_id, Some(template.as_str().to_owned())),
+        };
+        TargetEffects {
+            path: self.api().path().to_owned(),
+            order_id,
+            template,
+            effects,
+        }
+    }
 }
 
 /// A response kept for replay: the status and the exact body bytes.
@@ -630,18 +643,19 @@ impl State {
             .into_iter()
             .map(|target| {
                 let effects = self.target_shard(target).get(&target).copied().unwrap_or(0);
-                let (order_id, template) = match target {
-                    Target::Shipment { order_id } => (order_id, None),
-                    Target::Email { order_id, template } => (order_id, Some(template.as_str().to_owned())),
-                };
-                TargetEffects {
-                    path: target.api().path().to_owned(),
-                    order_id,
-                    template,
-                    effects,
-                }
+                target.effects(effects)
             })
             .collect();
+        let mut targets = Vec::new();
+        if with_keys {
+            for shard in &self.targets {
+                let shard = lock(shard);
+                targets.extend(shard.iter().map(|(target, effects)| target.effects(*effects)));
+            }
+            targets.sort_by(|a: &TargetEffects, b| {
+                (&a.path, a.order_id, &a.template).cmp(&(&b.path, b.order_id, &b.template))
+            });
+        }
         let keys = with_keys.then(|| {
             let mut keys = BTreeMap::new();
             for shard in &self.keys {
@@ -669,6 +683,7 @@ impl State {
                 scripted: c.scripted.load(Relaxed),
             },
             double_effect_targets,
+            targets,
             keys,
         }
     }

@@ -29,6 +29,10 @@ pub struct Stats {
     pub injected: Injected,
     /// The first [`MAX_DOUBLE_TARGETS`] targets with more than one effect.
     pub double_effect_targets: Vec<TargetEffects>,
+    /// Every target with an effect, by path, order and template: what a
+    /// per-order audit reads (`simulator audit`). Empty with `GET /stats?keys=false`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub targets: Vec<TargetEffects>,
     /// Per idempotency key; absent with `GET /stats?keys=false`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keys: Option<BTreeMap<String, KeyStats>>,

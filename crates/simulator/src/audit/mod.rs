@@ -1,0 +1,128 @@
+//! `simulator audit`: the product's promise checked per ORDER, from the
+//! downstream's own records against the database, after a run.
+//!
+//! The promise: an order is shipped at most once, never after its refund
+//! unless that shipment call was already under way (claimed by a relay) when
+//! the refund committed, gets one confirmation when paid, and at most one
+//! refund notice ever. The relay's `audit --downstream-stats` counts effects
+//! in total; this one names the orders that break a rule ([`rules::Rule`]).
+//!
+//! The downstream is read first, the database second: every effect seen was
+//! caused by rows already committed, so an order still being processed
+//! cannot look shipped without its payment. "Paid without a confirmation"
+//! expects the relay to have drained its outbox (`make run` waits for it).
+//!
+//! # Layout
+//! - [`rules`]: the rules over in-memory inputs, the report and its table.
+//! - `events.sql`, `orders.sql`: what the database says, one statement each.
+
+pub mod rules;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use domain::{CommandKind, EventKind, OrderStatus};
+use reqwest::Url;
+
+use crate::downstream::Stats;
+pub use rules::{Finding, Ledger, Payment, Report, Rule};
+
+/// What to audit, and how.
+#[derive(Debug, Clone)]
+pub struct AuditConfig {
+    pub database: db::Database,
+    /// The downstream's base URL (`GET /stats` is read with its keys).
+    pub downstream: Url,
+    /// The relay's lease: a shipment call that arrived within it after a
+    /// refund may have been claimed before the refund, and may succeed.
+    pub lease: Duration,
+    /// Only payments this recent need their confirmation at this downstream
+    /// (a database reused across runs holds older ones); `None`: all.
+    pub since: Option<Duration>,
+}
+
+/// How long the downstream may take to serialise its stats: with keys, a run
+/// over 50,000 orders is tens of MB.
+const STATS_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Reads the downstream, then the database, and checks every rule.
+pub async fn run(config: &AuditConfig) -> anyhow::Result<Report> {
+    let stats = fetch_stats(&config.downstream).await?;
+    let client = config
+        .database
+        .connect("simulator-audit")
+        .await
+        .context("connecting to the database")?;
+    let refund_notices: Vec<i64> = rules::effects_by_order(&stats)
+        .map_err(anyhow::Error::msg)?
+        .into_iter()
+        .filter(|((_, kind), n)| *kind == CommandKind::SendRefundNotice && *n > 0)
+        .map(|((order, _), _)| order)
+        .collect();
+    let ledger = read_ledger(&client, &refund_notices, config.since).await?;
+    rules::check(&ledger, &stats, config.lease, config.since).map_err(anyhow::Error::msg)
+}
+
+/// `GET /stats`, keys included, into the downstream's own type.
+pub async fn fetch_stats(base: &Url) -> anyhow::Result<Stats> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let url = base.join("/stats").context("the downstream's URL")?;
+    reqwest::Client::new()
+        .get(url.clone())
+        .timeout(STATS_TIMEOUT)
+        .send()
+        .await
+        .and_then(reqwest::Response::error_for_status)
+        .with_context(|| format!("GET {url}"))?
+        .json()
+        .await
+        .with_context(|| format!("reading {url}"))
+}
+
+/// The orders' payments and refunds, and the status of the orders in
+/// `statuses_of`.
+pub async fn read_ledger(
+    client: &tokio_postgres::Client,
+    statuses_of: &[i64],
+    since: Option<Duration>,
+) -> anyhow::Result<Ledger> {
+    let mut ledger = Ledger::default();
+    let since_secs = since.map(|s| s.as_secs_f64());
+    let events = client
+        .query(include_str!("events.sql"), &[&since_secs])
+        .await
+        .context("reading processed_events")?;
+    for row in events {
+        let order: i64 = row.try_get("order_id")?;
+        let event_type: String = row.try_get("event_type")?;
+        let first_us: i64 = row.try_get("first_processed_us")?;
+        let in_window: bool = row.try_get("in_window")?;
+        match EventKind::from_type(&event_type) {
+            EventKind::PaymentSucceeded => {
+                ledger.paid.insert(order, Payment { in_window });
+            }
+            EventKind::PaymentRefunded => {
+                ledger
+                    .refunded_at_us
+                    .insert(order, u64::try_from(first_us).unwrap_or(0));
+            }
+            EventKind::Other => anyhow::bail!("events.sql returned a {event_type:?} event"),
+        }
+    }
+    let orders = client
+        .query(include_str!("orders.sql"), &[&statuses_of])
+        .await
+        .context("reading orders")?;
+    ledger.statuses = orders
+        .into_iter()
+        .map(|row| {
+            let id: i64 = row.try_get("id")?;
+            let status: String = row.try_get("status")?;
+            let status = OrderStatus::parse(&status)
+                .with_context(|| format!("order {id} has an unknown status {status:?}"))?;
+            Ok((id, status))
+        })
+        .collect::<anyhow::Result<HashMap<_, _>>>()?;
+    Ok(ledger)
+}

@@ -1,0 +1,4 @@
+-- The status of the orders the downstream sent a refund notice for.
+SELECT id, status
+FROM orders
+WHERE id = ANY($1::bigint[])
