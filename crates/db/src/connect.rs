@@ -27,7 +27,7 @@ use rustls::{CertificateError, ClientConfig, DigitallySignedStruct, RootCertStor
 use tokio_postgres::config::SslMode;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-use crate::pool::{Pool, PoolMode};
+use crate::pool::{Client, Pool, PoolMode};
 
 /// A connection's driver, as [`Database::connect_raw`] hands it over.
 pub type Connection = tokio_postgres::Connection<
@@ -82,8 +82,10 @@ pub struct ConnectOptions {
     /// Server-side bound on any one statement (`statement_timeout`).
     pub statement_timeout: Option<Duration>,
     /// Have the server check for a vanished client while a statement runs
-    /// (`client_connection_check_interval`), so a statement whose caller gave
-    /// up (a deadline) is cancelled and rolled back instead of committing later.
+    /// (`client_connection_check_interval`, every 250 ms), so a statement
+    /// whose connection closed (its process died, the pool discarded it) is
+    /// rolled back instead of committing later. Polled, so it leaves a window;
+    /// a caller that gives up on a statement cancels it with a [`Canceller`].
     pub abort_when_client_leaves: bool,
     /// Commit without waiting for the WAL flush (`synchronous_commit=off`).
     /// Only for writes that may be lost in a server crash without harm.
@@ -262,6 +264,49 @@ impl Database {
             .build()
             .expect("a pool with a runtime and timeouts always builds");
         Pool::new(pool, self.pool_mode)
+    }
+
+    /// Cancels statements on this database's connections; see [`Canceller`].
+    pub fn canceller(&self) -> Canceller {
+        Canceller {
+            tls: self.tls.clone(),
+        }
+    }
+}
+
+/// Cancels a statement on the server: a cancel request (a new connection
+/// carrying the session's key, which the server answers by interrupting that
+/// session's statement), with the same TLS as the pool's connections, so
+/// `sslmode=require` and `verify-full` hold for it too. PgBouncer forwards
+/// cancel requests to the server session its client is linked to.
+///
+/// Giving up on a statement does not do this. Dropping its future leaves the
+/// connection open and the server runs the statement on; closing the
+/// connection is noticed only at the next `client_connection_check_interval`
+/// poll, or, without one, when the server writes the result: after the commit.
+#[derive(Clone)]
+pub struct Canceller {
+    tls: MakeRustlsConnect,
+}
+
+impl std::fmt::Debug for Canceller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Canceller").finish_non_exhaustive()
+    }
+}
+
+impl Canceller {
+    /// What [`Canceller::cancel`] needs to reach `client`'s server session:
+    /// taken while the connection is at hand, before its statement is sent.
+    pub fn session_of(&self, client: &Client) -> tokio_postgres::CancelToken {
+        client.object().cancel_token()
+    }
+
+    /// Asks the server to cancel whatever `session` is running. `Ok` means
+    /// the request was sent, not that a statement was cancelled: one that
+    /// already finished is not affected, and the server does not answer.
+    pub async fn cancel(&self, session: &tokio_postgres::CancelToken) -> Result<(), tokio_postgres::Error> {
+        session.cancel_query(self.tls.clone()).await
     }
 }
 

@@ -5,6 +5,7 @@
 //! unverified request must not be able to insert a dedup row and suppress the
 //! real event), and the whole of it under one deadline.
 
+use std::future::Future;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -12,6 +13,7 @@ use bytes::BytesMut;
 use domain::{Outcome, ProviderEvent};
 use futures_util::StreamExt as _;
 use tokio::time::timeout_at;
+use tokio_postgres::CancelToken;
 use tracing::Instrument as _;
 use tracing::field::Empty;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
@@ -25,6 +27,8 @@ pub const REPLAYED_HEADER: &str = "Idempotent-Replayed";
 
 pub struct AppState {
     pub pool: db::Pool,
+    /// Cancels a statement the deadline abandons, on the server.
+    pub canceller: db::connect::Canceller,
     pub verifier: signature::Verifier,
     pub deadline: Duration,
     pub metrics: IngestMetrics,
@@ -139,13 +143,16 @@ async fn process(
     let span = tracing::Span::current();
     span.record("webhook.event_id", event.id.as_str());
     span.record("webhook.event_type", event.event_type.as_str());
-    let raw = std::str::from_utf8(&body).map_err(|e| IngestError::BodyRead(e.to_string()))?;
+    let raw = String::from_utf8(body.into()).map_err(|e| IngestError::BodyRead(e.to_string()))?;
 
     let client = timeout_at(deadline, state.pool.get())
         .await
         .map_err(|_| IngestError::Deadline)?
         .map_err(|e| IngestError::Unavailable(e.to_string()))?;
-    // Database client span (semantic conventions): the one statement.
+    // Taken now: once the statement is sent, its connection belongs to it.
+    let session = state.canceller.session_of(&client);
+    // Database client span (semantic conventions): the one statement, as far
+    // as the handler waits for it.
     let db_span = tracing::info_span!(
         "record_event",
         otel.kind = "client",
@@ -154,29 +161,145 @@ async fn process(
         db.operation.name = "record_event",
         db.query.summary = "record_event processed_events orders outbox",
     );
-    let recording =
-        storage::record_event(&client, &event, raw, Some(trace_context)).instrument(db_span.clone());
-    let result = timeout_at(deadline, recording).await;
-    if !matches!(result, Ok(Ok(_))) {
+    let event_id = event.id.clone();
+    let mut recording = Box::pin(record_on(client, event, raw, trace_context.to_owned()));
+    let Ok((client, result)) = timeout_at(deadline, &mut recording)
+        .instrument(db_span.clone())
+        .await
+    else {
         db_span.record("otel.status_code", "ERROR");
-    }
+        abandon(recording, session, state, &event_id).await;
+        return Err(IngestError::Deadline);
+    };
+    // Its statement has answered: the connection goes back to the pool clean.
+    drop(client);
     match result {
-        Ok(Ok(recorded)) => {
+        Ok(recorded) => {
             if recorded.enqueued > 0 {
                 state.notifier.notify();
             }
             Ok(recorded)
         }
-        Ok(Err(e)) if is_retryable(&e) => Err(IngestError::Unavailable(e.to_string())),
-        Ok(Err(e)) => Err(anyhow::Error::new(e).context("recording the event").into()),
-        Err(_) => {
-            // The statement may still be running: take the connection out of
-            // the pool and close it, so the server cancels and rolls back
-            // (client_connection_check_interval) instead of committing later.
-            client.discard();
-            Err(IngestError::Deadline)
+        Err(e) => {
+            db_span.record("otel.status_code", "ERROR");
+            if is_retryable(&e) {
+                Err(IngestError::Unavailable(e.to_string()))
+            } else {
+                Err(anyhow::Error::new(e).context("recording the event").into())
+            }
         }
     }
+}
+
+/// What the record statement gives back: its connection, and its answer.
+type Answered = (db::Client, Result<Recorded, tokio_postgres::Error>);
+
+/// The record statement on a connection it owns, so that a statement the
+/// deadline abandons can be handed to [`abandon`] together with its
+/// connection.
+async fn record_on(client: db::Client, event: ProviderEvent, raw: String, trace_context: String) -> Answered {
+    let client = InFlight(Some(client));
+    let result = storage::record_event(client.get(), &event, &raw, Some(&trace_context)).await;
+    (client.answered(), result)
+}
+
+/// A pooled connection with a statement in flight. Dropped before the
+/// statement answered, it is discarded rather than returned to the pool busy
+/// with a statement nobody waits for.
+struct InFlight(Option<db::Client>);
+
+impl InFlight {
+    fn get(&self) -> &db::Client {
+        self.0.as_ref().expect("only `answered` takes the connection")
+    }
+
+    fn answered(mut self) -> db::Client {
+        self.0.take().expect("only `answered` takes the connection")
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Some(client) = self.0.take() {
+            client.discard();
+        }
+    }
+}
+
+/// How long past the deadline the 503 waits for a cancelled statement to
+/// end. On a reachable server a cancel takes a connection and a round trip,
+/// a millisecond or two, so the answer normally leaves once the statement
+/// has ended (rolled back, or committed just before the cancel arrived); an
+/// unreachable server costs the answer no more than this.
+const CANCEL_GRACE: Duration = Duration::from_millis(100);
+
+/// The deadline passed with the record statement still running. Dropping it
+/// would not stop it: the server would run it on and might commit after the
+/// provider was told to retry; closing its connection would stop it only at
+/// the server's next check for a vanished client, if it makes any (see
+/// `db::connect::Canceller`). So the server
+/// is asked to cancel it, and the answer waits for it to end, up to
+/// [`CANCEL_GRACE`]; the rest goes on in the background. There, the
+/// statement gets one more deadline to end (`statement_timeout`, the
+/// server's own backstop, ends it if the cancel was lost), its fate is
+/// logged, and its connection is discarded, never handed to another request
+/// while a cancel may still be on its way to its session.
+///
+/// A commit that wins the race is not an error: the provider's retry finds
+/// the claim and is answered with the stored result (`Idempotent-Replayed`).
+async fn abandon<F>(recording: std::pin::Pin<Box<F>>, session: CancelToken, state: &AppState, event_id: &str)
+where
+    F: Future<Output = Answered> + Send + 'static,
+{
+    let (ended, ended_rx) = tokio::sync::oneshot::channel::<()>();
+    let canceller = state.canceller.clone();
+    let notifier = state.notifier.clone();
+    let wait = state.deadline;
+    // Its own span (the request's ends with the 503), in the event's trace.
+    let span = tracing::info_span!(parent: None, "cancel_abandoned_statement", webhook.event_id = event_id);
+    let _ = span.set_parent(tracing::Span::current().context());
+    let background = async move {
+        let statement = async move {
+            let answered = tokio::time::timeout(wait, recording).await;
+            let _ = ended.send(());
+            answered
+        };
+        let (cancelled, answered) = tokio::join!(canceller.cancel(&session), statement);
+        if let Err(e) = cancelled {
+            tracing::warn!(error = %e, "could not send the cancel request; statement_timeout bounds the statement");
+        }
+        match answered {
+            Ok((client, Ok(recorded))) => {
+                tracing::warn!(
+                    claimed = recorded.claimed,
+                    "the statement committed after all (the cancel came too late): the provider's retry will be answered with the stored result"
+                );
+                if recorded.enqueued > 0 {
+                    notifier.notify();
+                }
+                client.discard();
+            }
+            Ok((client, Err(e))) => {
+                match e.as_db_error() {
+                    Some(refused) => tracing::info!(
+                        error = %refused,
+                        "the statement ended without committing (cancelled): nothing written"
+                    ),
+                    None => tracing::warn!(
+                        error = %e,
+                        "the connection failed under the statement: a retry is answered whether or not it committed"
+                    ),
+                }
+                client.discard();
+            }
+            // The future is dropped here, and `InFlight` discards its connection.
+            Err(_) => tracing::warn!(
+                "the statement did not end within another deadline; its connection is discarded"
+            ),
+        }
+    };
+    tokio::spawn(background.instrument(span));
+    let _ = tokio::time::timeout(CANCEL_GRACE, ended_rx).await;
 }
 
 /// Errors a retry may cure: the database unreachable, restarting, overloaded,

@@ -39,7 +39,13 @@ impl Application {
         let deadline = settings.deadline();
         let pool = database.pool(&db::ConnectOptions {
             application_name: "webhook-ingest",
-            // The server-side backstop of the deadline.
+            // The server's own bound on a statement the deadline abandoned,
+            // for when its cancel request is lost (a cancel is a new
+            // connection, which a network or proxy may refuse). Equal to the
+            // deadline, not above it: the server counts from the statement's
+            // arrival, which is after the request's start, so it never ends
+            // a statement the handler is still waiting for, and a statement
+            // whose cancel was lost ends at most one deadline after the 503.
             statement_timeout: Some(deadline),
             abort_when_client_leaves: true,
             // The 200 promises the provider the event is recorded: durable commits.
@@ -53,6 +59,7 @@ impl Application {
         let notifier = Arc::new(Notifier::default());
         let state = web::Data::new(AppState {
             pool: pool.clone(),
+            canceller: database.canceller(),
             verifier,
             deadline,
             metrics,

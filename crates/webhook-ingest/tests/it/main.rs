@@ -1,6 +1,7 @@
 //! webhook-ingest against a real Postgres (a fresh database per test) over
 //! real HTTP on loopback.
 
+mod cancel;
 mod config;
 mod dedup;
 mod helpers;
