@@ -39,12 +39,17 @@ fmt:
 run: release
 	scripts/run.sh
 
-## The chaos test at scale, for people (not CI): 200,000 events over about
-## ten minutes through kills and restarts; prints the tally and latencies.
+## The chaos test and the per-order history checker at scale, for people
+## (not CI): 200,000 events over about ten minutes through kills and
+## restarts, then 20,000 orders' histories through relay and ingest kills and
+## a Postgres restart; prints the tallies and the checker's report
+## (target/chaos/tally.txt, target/history/report.txt).
 soak: release
 	cargo build --release -p e2e --tests
 	CHAOS_EVENTS=$${CHAOS_EVENTS:-200000} CHAOS_RATE=$${CHAOS_RATE:-350} scripts/with-db.sh \
 	  cargo test --release -p e2e --test e2e chaos -- --nocapture
+	HISTORY_ORDERS=$${HISTORY_ORDERS:-20000} HISTORY_CHAOS=1 scripts/with-db.sh \
+	  cargo test --release -p e2e --test e2e history -- --nocapture
 
 db-start:
 	@scripts/pg-cluster.sh start

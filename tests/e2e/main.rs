@@ -2,7 +2,9 @@
 
 mod chaos;
 mod harness;
+mod history;
 mod observability;
+mod per_order;
 mod pooler;
 mod roles;
 mod run_demo;

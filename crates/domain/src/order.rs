@@ -44,7 +44,8 @@ pub enum Outcome {
     Unmatched,
     /// A second, distinct payment event for an order already paid.
     AlreadyPaid,
-    /// A refund: order refunded, refund notice enqueued, pending shipment cancelled.
+    /// A refund: order refunded; the first refund of an order also enqueues
+    /// its refund notice and stops its shipment.
     Refunded,
     /// A payment for an order already refunded (events out of order): nothing shipped.
     OrderRefunded,
@@ -84,7 +85,9 @@ pub struct Transition {
     pub set_status: Option<OrderStatus>,
     /// Commands to enqueue for the order, in this order.
     pub enqueue: &'static [CommandKind],
-    /// Cancel the order's `ShipOrder` rows that no relay holds yet.
+    /// Stop the order's `ShipOrder`: a row not yet sent is cancelled; a row
+    /// whose call is under way (claimed by a relay) ends `done` only if that
+    /// very call succeeds, and is never called again.
     pub cancel_pending_shipments: bool,
 }
 
@@ -117,14 +120,20 @@ pub fn transition(kind: EventKind, order: Option<OrderStatus>) -> Transition {
         (EventKind::PaymentSucceeded, Some(Paid)) => Transition::record(Outcome::AlreadyPaid),
         (EventKind::PaymentSucceeded, Some(Refunded)) => Transition::record(Outcome::OrderRefunded),
         // A refund wins whatever the order's state, including one that was
-        // never paid (the refund overtook the payment). The notice's key is per
-        // order, so a second refund event enqueues nothing new.
-        (EventKind::PaymentRefunded, Some(_)) => Transition {
+        // never paid (the refund overtook the payment): the order is refunded
+        // and gets its one refund notice. Only a paid order can have a
+        // shipment to stop.
+        (EventKind::PaymentRefunded, Some(state @ (Pending | Paid))) => Transition {
             outcome: Outcome::Refunded,
             set_status: Some(Refunded),
             enqueue: &[CommandKind::SendRefundNotice],
-            cancel_pending_shipments: true,
+            cancel_pending_shipments: state == Paid,
         },
+        // A second, distinct refund of a refunded order: recorded, nothing
+        // else. The order's status is the memory of "at most one notice per
+        // order, ever": it outlives the retention that deletes the first
+        // notice's outbox row and the first refund's event.
+        (EventKind::PaymentRefunded, Some(Refunded)) => Transition::record(Outcome::Refunded),
     }
 }
 
@@ -180,16 +189,23 @@ mod tests {
             false,
         );
         expect(PaymentRefunded, None, Outcome::Unmatched, None, &[], false);
-        for state in OrderStatus::ALL {
-            expect(
-                PaymentRefunded,
-                Some(state),
-                Outcome::Refunded,
-                Some(Refunded),
-                &[SendRefundNotice],
-                true,
-            );
-        }
+        expect(
+            PaymentRefunded,
+            Some(Pending),
+            Outcome::Refunded,
+            Some(Refunded),
+            &[SendRefundNotice],
+            false,
+        );
+        expect(
+            PaymentRefunded,
+            Some(Paid),
+            Outcome::Refunded,
+            Some(Refunded),
+            &[SendRefundNotice],
+            true,
+        );
+        expect(PaymentRefunded, Some(Refunded), Outcome::Refunded, None, &[], false);
         for state in states() {
             expect(Other, state, Outcome::Ignored, None, &[], false);
         }
@@ -202,6 +218,32 @@ mod tests {
                 assert!(!transition(kind, state).enqueue.contains(&CommandKind::ShipOrder));
             }
         }
+    }
+
+    /// Whatever the events and their order, an order gets at most one
+    /// shipment, one confirmation and one refund notice, and is never shipped
+    /// once refunded: every command is enqueued on leaving a state that can
+    /// never be re-entered.
+    #[test]
+    fn no_sequence_of_events_enqueues_a_command_twice() {
+        fn walk(state: OrderStatus, seen: &mut Vec<CommandKind>, depth: usize) {
+            if depth == 0 {
+                return;
+            }
+            for kind in KINDS {
+                let t = transition(kind, Some(state));
+                let mut seen = seen.clone();
+                for command in t.enqueue {
+                    assert!(!seen.contains(command), "{command:?} twice via {kind:?} in {state:?}");
+                    seen.push(*command);
+                }
+                if state == OrderStatus::Refunded {
+                    assert!(!t.enqueue.contains(&CommandKind::ShipOrder));
+                }
+                walk(t.set_status.unwrap_or(state), &mut seen, depth - 1);
+            }
+        }
+        walk(OrderStatus::Pending, &mut Vec::new(), 6);
     }
 
     #[test]

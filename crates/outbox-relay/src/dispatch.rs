@@ -376,6 +376,7 @@ mod tests {
             payload,
             idempotency_key: "k".into(),
             attempt: 1,
+            claim: 1,
             trace_context: None,
             event_id: "evt".into(),
             lease_expires: std::time::Instant::now(),

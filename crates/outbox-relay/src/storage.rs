@@ -11,12 +11,24 @@
 //! in the due index and are skipped by the claim; there are never more of
 //! them than the calls in flight.
 //!
-//! Completion is fenced on the lease: a relay records an outcome only for rows
-//! it still holds, under the claim it made. The fencing token is the pair
-//! (`lease_owner`, `attempts`): every claim increments `attempts`, so an
-//! outcome for a stale claim (a relay that stalled past its lease, whose row
-//! was claimed again, by another relay or by itself) matches nothing and is
-//! dropped.
+//! Completion is fenced on the claim: a relay records an outcome only for a
+//! row it still holds, under the claim it made. The fencing token is the
+//! pair (`lease_owner`, `claims`): every claim increments `claims`, which,
+//! unlike `attempts` (reset by `dead requeue`), never goes back, so the
+//! outcome of a stale claim (a relay that stalled past its lease, whose row
+//! was claimed again, by another relay or by itself, before or after a
+//! requeue) matches nothing and is dropped.
+//!
+//! A refund (the ingest) cancels the order's shipment even while a relay
+//! holds it, but leaves the lease in place: the holder's call was under way
+//! when the refund committed, so its `done` is still recorded (the shipment
+//! happened and the row says so), while a retry, a dead end or a release
+//! leaves the row cancelled. Only `pending` rows are claimed, so a cancelled
+//! row is never called again.
+//!
+//! A row claimed `RELAY_MAX_ATTEMPTS` times without ever recording an
+//! outcome (a relay that crashes, or is killed, every time it holds it) is
+//! dead-lettered by the claim instead of being claimed again.
 
 use std::time::Duration;
 
@@ -33,7 +45,9 @@ pub const COUNT_DUE: &str = include_str!("../sql/count_due.sql");
 /// Due, unleased, pending rows in due order (id order among rows due at the same
 /// time). `SKIP LOCKED`: concurrent relays take disjoint batches and never wait
 /// on each other. The partial index on (available_at, id) WHERE pending keeps
-/// the cost independent of how many done rows exist.
+/// the cost independent of how many done rows exist. A row whose every
+/// allowed attempt was claimed and none recorded an outcome is a poison row:
+/// it goes dead here, keeping its last error, and is not returned.
 const CLAIM: Sql = Sql::new(
     "
 WITH due AS (
@@ -43,40 +57,65 @@ WITH due AS (
      ORDER BY available_at, id
      LIMIT $1
        FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE outbox AS o
+       SET lease_owner = CASE WHEN o.attempts < $4 THEN $2 END,
+           leased_until = CASE WHEN o.attempts < $4 THEN now() + $3::int8 * interval '1 millisecond' END,
+           attempts = o.attempts + CASE WHEN o.attempts < $4 THEN 1 ELSE 0 END,
+           claims = o.claims + 1,
+           status = CASE WHEN o.attempts < $4 THEN 'pending' ELSE 'dead' END,
+           finished_at = CASE WHEN o.attempts < $4 THEN NULL ELSE now() END,
+           last_error = CASE WHEN o.attempts < $4 THEN o.last_error
+                             ELSE format('claimed %s times and no outcome was ever recorded (a relay died '
+                                         'or stalled each time it held this row); last error: %s',
+                                         o.attempts, coalesce(o.last_error, 'none')) END
+      FROM due
+     WHERE o.id = due.id
+    RETURNING o.id, o.kind, o.payload, o.idempotency_key, o.attempts, o.claims, o.trace_context,
+              o.event_id, o.status
 )
-UPDATE outbox AS o
-   SET lease_owner = $2,
-       leased_until = now() + $3::int8 * interval '1 millisecond',
-       attempts = o.attempts + 1
-  FROM due
- WHERE o.id = due.id
-RETURNING o.id, o.kind, o.payload, o.idempotency_key, o.attempts, o.trace_context, o.event_id",
-    // batch size, lease owner, lease in ms
-    &[Type::INT8, Type::TEXT, Type::INT8],
+SELECT id, kind, payload, idempotency_key, attempts, claims, trace_context, event_id
+  FROM claimed WHERE status = 'pending'",
+    // batch size, lease owner, lease in ms, max attempts
+    &[Type::INT8, Type::TEXT, Type::INT8, Type::INT4],
 );
 
 /// Every outcome of a batch in one statement. `release` hands a row back
 /// untouched (it was claimed but never sent: shutdown, or too little lease
-/// left to send it), undoing its attempt.
+/// left to send it), undoing its attempt. A row a refund cancelled while it
+/// was held stays cancelled unless the outcome is `done` (the call under way
+/// succeeded: the row records that it shipped).
 const COMPLETE: Sql = Sql::new(
     "
 UPDATE outbox AS o
-   SET status = CASE v.outcome WHEN 'done' THEN 'done' WHEN 'dead' THEN 'dead' ELSE 'pending' END,
-       finished_at = CASE WHEN v.outcome IN ('done', 'dead') THEN now() END,
-       available_at = CASE v.outcome
-                        WHEN 'retry' THEN now() + v.delay_ms * interval '1 millisecond'
+   SET status = CASE
+                  WHEN o.status = 'cancelled' THEN CASE v.outcome WHEN 'done' THEN 'done' ELSE 'cancelled' END
+                  WHEN v.outcome IN ('done', 'dead') THEN v.outcome
+                  ELSE 'pending' END,
+       finished_at = CASE
+                       WHEN v.outcome = 'done' THEN now()
+                       WHEN o.status = 'cancelled' THEN o.finished_at
+                       WHEN v.outcome = 'dead' THEN now() END,
+       available_at = CASE
+                        WHEN v.outcome = 'retry' AND o.status = 'pending'
+                          THEN now() + v.delay_ms * interval '1 millisecond'
                         ELSE o.available_at END,
        attempts = o.attempts - CASE WHEN v.outcome = 'release' THEN 1 ELSE 0 END,
        lease_owner = NULL,
        leased_until = NULL,
-       last_error = CASE v.outcome WHEN 'done' THEN NULL WHEN 'release' THEN o.last_error ELSE v.error END
-  FROM unnest($1::int8[], $2::text[], $3::int8[], $4::text[], $5::int4[]) AS v(id, outcome, delay_ms, error, attempt)
- -- Only a leased row has an owner, and only a pending row is leased: the
- -- fence alone says: still ours, still pending (and leaves the planner no
- -- reason to walk the pending-rows index instead of the primary key).
- WHERE o.id = v.id AND o.lease_owner = $6 AND o.attempts = v.attempt
+       last_error = CASE
+                      WHEN v.outcome = 'done' THEN NULL
+                      WHEN v.outcome = 'release' THEN o.last_error
+                      WHEN o.status = 'cancelled'
+                        THEN o.last_error || '; the call under way then failed: ' || v.error
+                      ELSE v.error END
+  FROM unnest($1::int8[], $2::text[], $3::int8[], $4::text[], $5::int4[]) AS v(id, outcome, delay_ms, error, claim)
+ -- The fence: still ours, under this very claim. Only an undecided row
+ -- (pending, or cancelled while held) has an owner, and a primary-key plan
+ -- whatever the statistics.
+ WHERE o.id = v.id AND o.lease_owner = $6 AND o.claims = v.claim
 RETURNING o.id, o.status, extract(epoch FROM now() - o.created_at)::float8",
-    // ids, outcomes, delays (ms), errors, the claims' attempt numbers, lease owner
+    // ids, outcomes, delays (ms), errors, the claims' tokens, lease owner
     &[Type::INT8_ARRAY, Type::TEXT_ARRAY, Type::INT8_ARRAY, Type::TEXT_ARRAY, Type::INT4_ARRAY, Type::TEXT],
 );
 
@@ -87,9 +126,11 @@ pub struct ClaimedRow {
     pub kind: String,
     pub payload: serde_json::Value,
     pub idempotency_key: String,
-    /// This attempt's number (1 for the first call); with the owner, the
-    /// claim's fencing token.
+    /// This attempt's number (1 for the first call).
     pub attempt: i32,
+    /// The row's claim count after this claim; with the owner, the claim's
+    /// fencing token (never repeats for a row).
+    pub claim: i32,
     /// When the lease runs out, by this process's clock (measured from
     /// before the claim was sent, so never later than the server's).
     pub lease_expires: std::time::Instant,
@@ -125,25 +166,33 @@ pub struct Recorded {
     pub age_seconds: f64,
 }
 
+/// Claims up to `limit` due rows under a lease of `lease` for `owner`;
+/// rows already claimed `max_attempts` times without an outcome go dead
+/// instead (see [`CLAIM`]).
 pub async fn claim_due_batch(
     client: &db::Client,
     limit: i64,
     owner: &str,
     lease: Duration,
+    max_attempts: u32,
 ) -> Result<Vec<ClaimedRow>, tokio_postgres::Error> {
     let lease_ms = lease.as_millis() as i64;
+    let max_attempts = i32::try_from(max_attempts).unwrap_or(i32::MAX);
     let lease_expires = std::time::Instant::now() + lease;
-    let rows = CLAIM.query(client, &[&limit, &owner, &lease_ms]).await?;
+    let rows = CLAIM
+        .query(client, &[&limit, &owner, &lease_ms, &max_attempts])
+        .await?;
     let mut claimed: Vec<ClaimedRow> = rows
         .into_iter()
         .map(|r| ClaimedRow {
-            id: r.get(0),
-            kind: r.get(1),
-            payload: r.get(2),
-            idempotency_key: r.get(3),
-            attempt: r.get(4),
-            trace_context: r.get(5),
-            event_id: r.get(6),
+            id: r.get("id"),
+            kind: r.get("kind"),
+            payload: r.get("payload"),
+            idempotency_key: r.get("idempotency_key"),
+            attempt: r.get("attempts"),
+            claim: r.get("claims"),
+            trace_context: r.get("trace_context"),
+            event_id: r.get("event_id"),
             lease_expires,
         })
         .collect();
@@ -151,15 +200,16 @@ pub async fn claim_due_batch(
     Ok(claimed)
 }
 
-/// One outcome to record: the row, the attempt (claim) it belongs to, what happened.
+/// One outcome to record: the row, the claim it belongs to (its fencing
+/// token, [`ClaimedRow::claim`]), what happened.
 #[derive(Debug, Clone)]
 pub struct Outcome {
     pub id: i64,
-    pub attempt: i32,
+    pub claim: i32,
     pub completion: Completion,
 }
 
-/// Records a batch of outcomes, fenced on `owner` and each claim's attempt.
+/// Records a batch of outcomes, fenced on `owner` and each claim's token.
 /// Rows this relay no longer holds under that claim are skipped (and absent
 /// from the result).
 pub async fn record_outcomes(
@@ -174,15 +224,15 @@ pub async fn record_outcomes(
     let mut kinds = Vec::with_capacity(outcomes.len());
     let mut delays = Vec::with_capacity(outcomes.len());
     let mut errors: Vec<Option<&str>> = Vec::with_capacity(outcomes.len());
-    let mut attempts = Vec::with_capacity(outcomes.len());
+    let mut claims = Vec::with_capacity(outcomes.len());
     for Outcome {
         id,
-        attempt,
+        claim,
         completion,
     } in outcomes
     {
         ids.push(*id);
-        attempts.push(*attempt);
+        claims.push(*claim);
         kinds.push(completion.outcome());
         match completion {
             Completion::Retry { delay, error } => {
@@ -200,7 +250,7 @@ pub async fn record_outcomes(
         }
     }
     let rows = COMPLETE
-        .query(client, &[&ids, &kinds, &delays, &errors, &attempts, &owner])
+        .query(client, &[&ids, &kinds, &delays, &errors, &claims, &owner])
         .await?;
     Ok(rows
         .into_iter()

@@ -67,6 +67,8 @@ pub struct Relay {
 struct Finished {
     row_id: i64,
     attempt: i32,
+    /// The claim's fencing token ([`ClaimedRow::claim`]).
+    claim: i32,
     kind: String,
     completion: Completion,
     seconds: f64,
@@ -135,7 +137,14 @@ impl Relay {
 
     async fn claim(&self, limit: i64) -> anyhow::Result<Vec<ClaimedRow>> {
         let client = self.pool.get().await?;
-        let rows = storage::claim_due_batch(&client, limit, &self.config.owner, self.config.lease).await?;
+        let rows = storage::claim_due_batch(
+            &client,
+            limit,
+            &self.config.owner,
+            self.config.lease,
+            self.config.max_attempts,
+        )
+        .await?;
         self.health.last_claim_ms.store(now_ms(), Ordering::Relaxed);
         Ok(rows)
     }
@@ -162,6 +171,7 @@ impl Relay {
         Finished {
             row_id: row.id,
             attempt: row.attempt,
+            claim: row.claim,
             kind: row.kind,
             completion: Completion::Release,
             seconds: 0.0,
@@ -222,6 +232,7 @@ impl Relay {
         Finished {
             row_id: row.id,
             attempt: row.attempt,
+            claim: row.claim,
             kind: row.kind,
             completion,
             seconds: started.elapsed().as_secs_f64(),
@@ -234,7 +245,7 @@ impl Relay {
             .iter()
             .map(|f| storage::Outcome {
                 id: f.row_id,
-                attempt: f.attempt,
+                claim: f.claim,
                 completion: f.completion.clone(),
             })
             .collect();

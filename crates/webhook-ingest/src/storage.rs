@@ -103,26 +103,36 @@ const RECORD_TYPES: &[Type] = &[
     Type::TEXT_ARRAY, // $11 command kinds
     Type::TEXT_ARRAY, // $12 their key prefixes
     Type::TEXT,       // $13 the shipment's key prefix
+    Type::TEXT,       // $14 the shipment's kind
 ];
 
 /// Events that change orders and enqueue commands (payments).
 const RECORD_EVENT: Sql = Sql::new(record_event!(), RECORD_TYPES);
 
-/// The same, for events that may also cancel an unsent shipment (refunds).
+/// The same, for events that may also stop the order's shipment (refunds).
 const RECORD_EVENT_CANCELLING: Sql = Sql::new(
     record_event!(
-        r#", cancelled AS (
-    -- The order's shipment, found by its unique key (a scalar subquery, so
-    -- the plan is one index lookup whatever the statistics say about pending
-    -- rows), cancelled only if still pending and held by no relay (an
-    -- expired lease counts as not held).
-    UPDATE outbox SET status = 'cancelled', finished_at = now(), lease_owner = NULL, leased_until = NULL,
-                      last_error = 'cancelled by ' || $1
-    WHERE outbox.id = (SELECT s.id FROM outbox AS s, st, claim
-                        WHERE claim.claimed AND ($7::bool[])[st.s]
-                          AND s.idempotency_key = $13 || '-' || st.order_id)
-      AND outbox.status = 'pending'
-      AND (outbox.leased_until IS NULL OR outbox.leased_until <= now())
+        r#", stopped AS (
+    -- The order's shipment, stopped. An upsert on its unique key, not an
+    -- UPDATE of a row found by a look-up: this statement's snapshot was taken
+    -- before it waited for the order's lock, so a look-up misses the shipment
+    -- that a payment holding the lock just committed. ON CONFLICT finds and
+    -- locks the latest committed row whatever the snapshot. A row not yet
+    -- sent (or dead) is cancelled; a row whose call is under way keeps its
+    -- lease, so its holder may still record `done` for THAT call and nothing
+    -- else (crates/outbox-relay/src/storage.rs); a done row stays done. With
+    -- no row at all (retention removed it long after it was done), the
+    -- proposed row is written, cancelled, saying why.
+    INSERT INTO outbox AS o (kind, payload, idempotency_key, event_id, order_id, trace_context,
+                             status, finished_at, last_error)
+    SELECT $14, jsonb_build_object('v', $10::int4, 'order_id', st.order_id, 'event_id', $1::text),
+           $13 || '-' || st.order_id, $1, st.order_id, $9,
+           'cancelled', now(), 'no shipment to stop: retention had removed it; refund ' || $1
+    FROM st, claim
+    WHERE claim.claimed AND ($7::bool[])[st.s]
+    ON CONFLICT (idempotency_key) DO UPDATE
+        SET status = 'cancelled', finished_at = now(), last_error = 'cancelled by ' || $1
+        WHERE o.status IN ('pending', 'dead')
 )"#
     ),
     RECORD_TYPES,
@@ -271,6 +281,7 @@ pub async fn record_event(
                     &plan.kinds,
                     &plan.prefixes,
                     &CommandKind::ShipOrder.key_prefix(),
+                    &CommandKind::ShipOrder.as_str(),
                 ],
             )
             .await?
@@ -354,12 +365,11 @@ mod tests {
         assert_eq!(p.cancel, [false; 4]);
         let p = plan(EventKind::PaymentRefunded);
         assert_eq!(p.outcomes, ["unmatched", "refunded", "refunded", "refunded"]);
-        assert_eq!(
-            p.new_status,
-            [None, Some("refunded"), Some("refunded"), Some("refunded")]
-        );
-        assert_eq!(p.enqueue_mask, [0, 0b100, 0b100, 0b100]);
-        assert_eq!(p.cancel, [false, true, true, true]);
+        // A refund of a refunded order changes nothing: one notice per order, ever.
+        assert_eq!(p.new_status, [None, Some("refunded"), Some("refunded"), None]);
+        assert_eq!(p.enqueue_mask, [0, 0b100, 0b100, 0]);
+        // Only a paid order has a shipment to stop.
+        assert_eq!(p.cancel, [false, false, true, false]);
         let p = plan(EventKind::Other);
         assert_eq!(p.outcomes, ["ignored"; 4]);
         assert_eq!(p.enqueue_mask, [0; 4]);
@@ -372,8 +382,8 @@ mod tests {
         assert!(!plan_for(EventKind::PaymentSucceeded).cancels());
         assert_eq!(plan_for(EventKind::PaymentRefunded).claim_only(), None);
         assert!(plan_for(EventKind::PaymentRefunded).cancels());
-        assert!(!RECORD_EVENT.text.contains("cancelled AS"));
-        assert!(RECORD_EVENT_CANCELLING.text.contains("cancelled AS"));
+        assert!(!RECORD_EVENT.text.contains("stopped AS"));
+        assert!(RECORD_EVENT_CANCELLING.text.contains("stopped AS"));
     }
 
     #[test]
@@ -402,7 +412,7 @@ mod tests {
             assert_eq!(sql.placeholders(), sql.types.len(), "{}", sql.text);
         }
         // Shares its sibling's parameters; only the shipment's key prefix
-        // ($13, for the cancellation) goes unused.
-        assert_eq!(RECORD_EVENT.placeholders(), RECORD_TYPES.len() - 1);
+        // and kind ($13 and $14, for stopping it) go unused.
+        assert_eq!(RECORD_EVENT.placeholders(), RECORD_TYPES.len() - 2);
     }
 }

@@ -4,6 +4,7 @@
 
 mod crash;
 mod delivery;
+mod fencing;
 mod helpers;
 mod network;
 mod notify;

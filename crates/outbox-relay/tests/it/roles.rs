@@ -156,12 +156,12 @@ async fn exercise_relay(
         .unwrap();
     let client = pool.get().await.expect("a connection");
     let owner = format!("roles-test-{n}");
-    let claimed = storage::claim_due_batch(&client, 10, &owner, Duration::from_secs(60)).await?;
+    let claimed = storage::claim_due_batch(&client, 10, &owner, Duration::from_secs(60), 25).await?;
     let outcomes: Vec<_> = claimed
         .iter()
         .map(|row| storage::Outcome {
             id: row.id,
-            attempt: row.attempt,
+            claim: row.claim,
             completion: Completion::Dead {
                 error: "HTTP 400".into(),
             },

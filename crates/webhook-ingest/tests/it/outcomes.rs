@@ -130,17 +130,20 @@ async fn a_refund_refunds_notifies_once_and_cancels_the_unsent_shipment() {
     );
 }
 
+/// A shipment held by a relay (its call under way) is cancelled but keeps its
+/// lease, so the holder can still record that THAT call shipped it; a
+/// shipment already sent stays done.
 #[tokio::test]
-async fn a_refund_leaves_a_shipment_a_relay_holds_or_has_sent() {
+async fn a_refund_cancels_a_held_shipment_keeping_its_lease_and_leaves_a_sent_one() {
     let app = spawn_app().await;
     app.insert_order(1, "pay_1", "pending").await;
     app.insert_order(2, "pay_2", "pending").await;
     post_json(&app, &event("evt_p1", "payment.succeeded", "pay_1")).await;
     post_json(&app, &event("evt_p2", "payment.succeeded", "pay_2")).await;
-    // Order 1's shipment is leased by a relay right now; order 2's was sent.
     app.client
         .batch_execute(
-            "UPDATE outbox SET lease_owner = 'relay-a', leased_until = now() + interval '1 minute'
+            "UPDATE outbox SET lease_owner = 'relay-a', leased_until = now() + interval '1 minute',
+                              attempts = 1, claims = 1
               WHERE idempotency_key = 'ship-1';
              UPDATE outbox SET status = 'done', finished_at = now() WHERE idempotency_key = 'ship-2';",
         )
@@ -148,16 +151,50 @@ async fn a_refund_leaves_a_shipment_a_relay_holds_or_has_sent() {
         .unwrap();
     post_json(&app, &event("evt_r1", "payment.refunded", "pay_1")).await;
     post_json(&app, &event("evt_r2", "payment.refunded", "pay_2")).await;
+    let rows: Vec<(String, String, Option<String>)> = app
+        .client
+        .query(
+            "SELECT idempotency_key, status, lease_owner FROM outbox WHERE kind = 'ship_order' ORDER BY id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
     assert_eq!(
-        app.count("SELECT count(*) FROM outbox WHERE status = 'cancelled'")
-            .await,
-        0
+        rows,
+        [
+            ("ship-1".into(), "cancelled".into(), Some("relay-a".into())),
+            ("ship-2".into(), "done".into(), None),
+        ]
     );
     assert_eq!(
         app.count("SELECT count(*) FROM outbox WHERE kind = 'send_refund_notice'")
             .await,
         2
     );
+}
+
+/// Retention removed a paid order's shipment row long after it was done; a
+/// refund then writes the shipment's row as cancelled, saying why, so that
+/// nothing could ever send one.
+#[tokio::test]
+async fn a_refund_after_retention_records_that_there_was_no_shipment_to_stop() {
+    let app = spawn_app().await;
+    app.insert_order(1, "pay_1", "paid").await;
+    let (_, v) = post_json(&app, &event("evt_r", "payment.refunded", "pay_1")).await;
+    assert_eq!(v["status"], "refunded");
+    let row = app
+        .client
+        .query_one(
+            "SELECT status, last_error FROM outbox WHERE idempotency_key = 'ship-1'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), "cancelled");
+    assert!(row.get::<_, String>(1).contains("no shipment to stop"));
 }
 
 #[tokio::test]

@@ -1,0 +1,134 @@
+//! Fencing tokens that never repeat, and poison rows: the claim and
+//! completion statements as the relay runs them, as the relay's role.
+
+use std::time::Duration;
+
+use outbox_relay::storage::{self, Completion};
+
+use crate::helpers::{Env, env};
+
+fn pool(env: &Env) -> db::Pool {
+    db::Database::parse(&env.relay_url)
+        .unwrap()
+        .pool(&db::ConnectOptions {
+            application_name: "fencing-test",
+            statement_timeout: Some(Duration::from_secs(5)),
+            abort_when_client_leaves: false,
+            asynchronous_commit: false,
+            pool_size: 1,
+            pool_wait: Duration::from_secs(5),
+        })
+}
+
+const SHORT: Duration = Duration::from_millis(100);
+const LONG: Duration = Duration::from_secs(60);
+
+async fn claim_one(client: &db::Client, owner: &str, lease: Duration) -> Option<storage::ClaimedRow> {
+    let mut rows = storage::claim_due_batch(client, 10, owner, lease, 25).await.unwrap();
+    assert!(rows.len() <= 1);
+    rows.pop()
+}
+
+/// Relay `a` stalls past its lease; `b` claims the row and gives up on it
+/// (dead); an operator requeues it (attempts back to 0); `a` claims it again,
+/// so owner and attempt number are those of `a`'s first claim. The outcome
+/// of that first claim, arriving now, must not be taken for the new one's.
+#[tokio::test]
+async fn a_stale_claims_outcome_never_matches_a_later_claim_even_after_a_requeue() {
+    let env = env().await;
+    let id = env.enqueue("ship_order", 1, "evt_1").await;
+    let pool = pool(&env);
+    let client = pool.get().await.unwrap();
+
+    let stale = claim_one(&client, "relay-a", SHORT).await.expect("claimed");
+    tokio::time::sleep(SHORT * 2).await;
+    let other = claim_one(&client, "relay-b", LONG).await.expect("claimed again once the lease ran out");
+    let recorded = storage::record_outcomes(
+        &client,
+        "relay-b",
+        &[storage::Outcome {
+            id,
+            claim: other.claim,
+            completion: Completion::Dead {
+                error: "HTTP 400: no".into(),
+            },
+        }],
+    )
+    .await
+    .unwrap();
+    assert_eq!(recorded.len(), 1);
+    assert_eq!(storage::requeue_dead(&client, Some(id)).await.unwrap(), 1);
+    let current = claim_one(&client, "relay-a", LONG).await.expect("claimed after the requeue");
+    assert_eq!(current.attempt, stale.attempt, "attempts were reset by the requeue");
+
+    let recorded = storage::record_outcomes(
+        &client,
+        "relay-a",
+        &[storage::Outcome {
+            id,
+            claim: stale.claim,
+            completion: Completion::Done,
+        }],
+    )
+    .await
+    .unwrap();
+    assert!(recorded.is_empty(), "the stale claim's outcome was recorded");
+    assert_eq!(env.row_status(id).await.0, "pending", "still held by the current claim");
+    assert_eq!(
+        env.count("SELECT count(*) FROM outbox WHERE lease_owner = 'relay-a'").await,
+        1
+    );
+
+    // The current claim's own outcome is recorded.
+    let recorded = storage::record_outcomes(
+        &client,
+        "relay-a",
+        &[storage::Outcome {
+            id,
+            claim: current.claim,
+            completion: Completion::Done,
+        }],
+    )
+    .await
+    .unwrap();
+    assert_eq!(recorded.len(), 1);
+    assert_eq!(env.row_status(id).await.0, "done");
+}
+
+/// A row whose every claim ends with the relay gone (killed, crashed, stalled
+/// past its lease) is dead-lettered after `RELAY_MAX_ATTEMPTS` claims instead
+/// of being claimed for ever; other rows are unaffected.
+#[tokio::test]
+async fn a_row_that_takes_its_relay_down_on_every_claim_goes_dead_after_max_attempts() {
+    let env = env().await;
+    let poison = env.enqueue("ship_order", 1, "evt_1").await;
+    let pool = pool(&env);
+    let client = pool.get().await.unwrap();
+    const MAX: u32 = 3;
+
+    for n in 1..=MAX {
+        let rows = storage::claim_due_batch(&client, 10, "doomed", SHORT, MAX).await.unwrap();
+        assert_eq!(rows.len(), 1, "claim {n}");
+        assert_eq!(rows[0].attempt, n as i32);
+        // The relay dies holding it: no outcome, the lease runs out.
+        tokio::time::sleep(SHORT * 2).await;
+    }
+    let healthy = env.enqueue("send_confirmation", 2, "evt_2").await;
+    let rows = storage::claim_due_batch(&client, 10, "next", LONG, MAX).await.unwrap();
+    assert_eq!(
+        rows.iter().map(|r| r.id).collect::<Vec<_>>(),
+        [healthy],
+        "the poison row was handed out again"
+    );
+    let (status, attempts, error) = env.row_status(poison).await;
+    assert_eq!((status.as_str(), attempts), ("dead", MAX as i32));
+    let error = error.unwrap_or_default();
+    assert!(error.contains("claimed 3 times"), "{error}");
+    let dead = storage::dead_rows(&client).await.unwrap();
+    assert_eq!(dead.iter().map(|d| d.id).collect::<Vec<_>>(), [poison]);
+
+    // Requeued by an operator, it gets RELAY_MAX_ATTEMPTS claims again.
+    assert_eq!(storage::requeue_dead(&client, Some(poison)).await.unwrap(), 1);
+    let rows = storage::claim_due_batch(&client, 10, "next", LONG, MAX).await.unwrap();
+    assert_eq!(rows.iter().map(|r| r.id).collect::<Vec<_>>(), [poison]);
+}

@@ -1,0 +1,584 @@
+//! Exactly once per ORDER, proven by generated histories.
+//!
+//! A few thousand orders each get a random history: payments, refunds,
+//! second distinct payments and refunds, refunds before payments, ignored
+//! event types, duplicates and provider retries, plus events for payment ids
+//! no order has. The distinct events of one order are delivered at the same
+//! moment (or a few milliseconds apart) on separate connections, spread over
+//! two ingest processes, while two relays drain the outbox against a
+//! downstream that answers 5xx and 429, resets connections, and holds some
+//! answers past the relays' timeout after doing the work. Some orders then
+//! live through retention: their rows and events are aged eight days and
+//! pruned, and the provider resends old events and sends new refunds.
+//!
+//! Then every order is checked by [`check::check`] against
+//! `domain::transition` applied in commit order. `make soak` runs it bigger,
+//! with relays SIGKILLed every few seconds, an ingest SIGKILLed once, and
+//! Postgres restarted once (`HISTORY_ORDERS`, `HISTORY_CHAOS=1`).
+//!
+//! The test records what the checker needs with triggers of its own
+//! (`history_events`, `history_outbox`), installed in the test database by
+//! the superuser; the product's schema and grants are untouched.
+
+mod check;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use futures_util::StreamExt as _;
+use rand::rngs::StdRng;
+use rand::{Rng as _, SeedableRng as _};
+use simulator::downstream::{DownstreamConfig, Faults, Latency};
+use testkit::{PrivateCluster, Role};
+
+use self::check::{Claim, Delivery, Evidence, KeyRecord, RowWrite};
+use crate::harness::{Proc, SECRET, TempDir};
+
+fn setting(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn now_us() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_micros() as i64
+}
+
+/// The relays' HTTP timeout; hung answers take longer.
+const HTTP_TIMEOUT_MS: u64 = 800;
+
+const INSTRUMENTATION: &str = r#"
+CREATE SEQUENCE history_seq;
+CREATE TABLE history_events (
+    seq bigint NOT NULL, event_id text NOT NULL, event_type text NOT NULL, order_id bigint,
+    status text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp());
+CREATE TABLE history_outbox (
+    seq bigint NOT NULL, op text NOT NULL, order_id bigint NOT NULL, kind text NOT NULL,
+    old_status text, new_status text NOT NULL, old_owner text, new_owner text, claimed boolean NOT NULL,
+    at timestamptz NOT NULL DEFAULT clock_timestamp());
+-- Runs after the claim's INSERT, so after the statement locked the order.
+CREATE FUNCTION history_event() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER SET search_path = public AS $$
+BEGIN
+    INSERT INTO history_events (seq, event_id, event_type, order_id, status)
+    VALUES (nextval('history_seq'), NEW.event_id, NEW.event_type, NEW.order_id, NEW.status);
+    RETURN NULL;
+END $$;
+CREATE TRIGGER history_event AFTER INSERT ON processed_events FOR EACH ROW EXECUTE FUNCTION history_event();
+CREATE FUNCTION history_outbox() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER SET search_path = public AS $$
+BEGIN
+    INSERT INTO history_outbox (seq, op, order_id, kind, old_status, new_status, old_owner, new_owner, claimed)
+    VALUES (nextval('history_seq'), TG_OP, NEW.order_id, NEW.kind,
+            CASE TG_OP WHEN 'UPDATE' THEN OLD.status END, NEW.status,
+            CASE TG_OP WHEN 'UPDATE' THEN OLD.lease_owner END, NEW.lease_owner,
+            NEW.leased_until IS NOT NULL
+              AND (TG_OP = 'INSERT' OR NEW.leased_until IS DISTINCT FROM OLD.leased_until));
+    RETURN NULL;
+END $$;
+CREATE TRIGGER history_outbox AFTER INSERT OR UPDATE ON outbox FOR EACH ROW EXECUTE FUNCTION history_outbox();
+"#;
+
+/// One event the provider sends, and how.
+#[derive(Debug, Clone)]
+struct Planned {
+    id: String,
+    event_type: &'static str,
+    payment_id: String,
+    order: Option<i64>,
+    /// Delay before its first delivery, from the start of its order's group.
+    delay_ms: u64,
+    /// Extra deliveries (duplicates), each after this delay.
+    duplicates: Vec<u64>,
+}
+
+fn plan(rng: &mut StdRng, orders: i64, retained: &HashSet<i64>) -> (Vec<Vec<Planned>>, Vec<Vec<Planned>>) {
+    let mut phase1 = Vec::new();
+    let mut phase2 = Vec::new();
+    let event = |rng: &mut StdRng, id: String, event_type: &'static str, order: Option<i64>, payment_id: String| {
+        let mut duplicates = Vec::new();
+        for _ in 0..3 {
+            if rng.random_bool(0.12) {
+                duplicates.push(if rng.random_bool(0.7) {
+                    rng.random_range(0..20)
+                } else {
+                    rng.random_range(50..400)
+                });
+            }
+        }
+        Planned {
+            id,
+            event_type,
+            payment_id,
+            order,
+            delay_ms: if rng.random_bool(0.5) { 0 } else { rng.random_range(0..25) },
+            duplicates,
+        }
+    };
+    for order in 1..=orders {
+        let pay = format!("pay_{order}");
+        let mut group = Vec::new();
+        let mut kinds: Vec<(&str, &'static str)> = Vec::new();
+        if rng.random_bool(0.85) {
+            kinds.push(("pay", "payment.succeeded"));
+        }
+        if rng.random_bool(0.45) {
+            kinds.push(("refund", "payment.refunded"));
+        }
+        if rng.random_bool(0.1) {
+            kinds.push(("pay2", "payment.succeeded"));
+        }
+        if rng.random_bool(0.1) {
+            kinds.push(("refund2", "payment.refunded"));
+        }
+        if rng.random_bool(0.1) {
+            kinds.push(("update", "payment.updated"));
+        }
+        for (tag, event_type) in kinds {
+            group.push(event(rng, format!("evt_{tag}_{order}"), event_type, Some(order), pay.clone()));
+        }
+        // Refunds that overtake their payment on purpose.
+        if rng.random_bool(0.1) {
+            for p in &mut group {
+                p.delay_ms = if p.event_type == "payment.refunded" { 0 } else { 15 };
+            }
+        }
+        phase1.push(group);
+        if retained.contains(&order) {
+            let mut late = Vec::new();
+            // The first refund or payment resent after its record was pruned,
+            // and a new distinct refund.
+            late.push(event(rng, format!("evt_refund_{order}"), "payment.refunded", Some(order), pay.clone()));
+            late.push(event(rng, format!("evt_pay_{order}"), "payment.succeeded", Some(order), pay.clone()));
+            late.push(event(rng, format!("evt_refund3_{order}"), "payment.refunded", Some(order), pay.clone()));
+            phase2.push(late);
+        }
+    }
+    // Payment ids no order has.
+    for n in 0..orders / 50 {
+        let kind = if n % 2 == 0 { "payment.succeeded" } else { "payment.refunded" };
+        phase1.push(vec![event(rng, format!("evt_stray_{n}"), kind, None, format!("pay_none_{n}"))]);
+    }
+    (phase1, phase2)
+}
+
+fn body(p: &Planned) -> String {
+    format!(
+        r#"{{"id":"{}","type":"{}","created":1700000000,"data":{{"payment_id":"{}","amount":4200,"currency":"gbp"}}}}"#,
+        p.id, p.event_type, p.payment_id
+    )
+}
+
+/// Delivers one event until it gets a 200 (a provider retries on anything
+/// else, and on its own timeout), recording every attempt.
+async fn deliver(
+    http: &reqwest::Client,
+    ingests: &[String],
+    p: &Planned,
+    phase: u8,
+    log: &Mutex<Vec<Delivery>>,
+) {
+    let key = signature::Secret::parse(signature::Scheme::Standard, SECRET).unwrap();
+    let body = body(p);
+    let started = Instant::now();
+    let mut attempt = 0usize;
+    loop {
+        let target = &ingests[(attempt + p.id.len()) % ingests.len()];
+        attempt += 1;
+        let ts = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() as i64;
+        let msg_id = format!("msg_{}", p.id);
+        let sent_us = now_us();
+        let result = http
+            .post(format!("{target}/webhooks/payments"))
+            .header("content-type", "application/json")
+            .header("webhook-id", &msg_id)
+            .header("webhook-timestamp", ts.to_string())
+            .header(
+                "webhook-signature",
+                signature::sign_standard(&key, &msg_id, ts, body.as_bytes()),
+            )
+            .body(body.clone())
+            .send()
+            .await;
+        let (status, outcome) = match result {
+            Ok(response) => {
+                let status = response.status().as_u16();
+                let outcome = response
+                    .json::<serde_json::Value>()
+                    .await
+                    .ok()
+                    .and_then(|v| v["status"].as_str().map(str::to_owned));
+                (status, outcome)
+            }
+            Err(_) => (0, None),
+        };
+        let acked_us = (status == 200).then(now_us);
+        log.lock().unwrap().push(Delivery {
+            event_id: p.id.clone(),
+            phase,
+            sent_us,
+            acked_us,
+            status,
+            outcome,
+        });
+        if status == 200 {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "{} never got a 200",
+            p.id
+        );
+        tokio::time::sleep(Duration::from_millis(20 + 10 * attempt.min(20) as u64)).await;
+    }
+}
+
+/// Every order's events at once (each after its own small delay), with its
+/// duplicates; `in_flight` orders at a time.
+async fn deliver_all(
+    http: &reqwest::Client,
+    ingests: &[String],
+    groups: &[Vec<Planned>],
+    phase: u8,
+    in_flight: usize,
+    log: &Mutex<Vec<Delivery>>,
+) {
+    futures_util::stream::iter(groups)
+        .map(|group| async move {
+            let sends = group.iter().flat_map(|p| {
+                std::iter::once(p.delay_ms)
+                    .chain(p.duplicates.iter().copied())
+                    .map(move |delay| async move {
+                        tokio::time::sleep(Duration::from_millis(delay)).await;
+                        deliver(http, ingests, p, phase, log).await;
+                    })
+            });
+            futures_util::future::join_all(sends).await;
+        })
+        .buffer_unordered(in_flight)
+        .collect::<Vec<()>>()
+        .await;
+}
+
+fn ingest_env(url: &str, port: u16) -> Vec<(String, String)> {
+    vec![
+        ("DATABASE_URL".into(), url.into()),
+        ("WEBHOOK_SECRETS".into(), SECRET.into()),
+        ("INGEST_LISTEN_ADDR".into(), format!("127.0.0.1:{port}")),
+        ("ADMIN_LISTEN_ADDR".into(), "127.0.0.1:0".into()),
+        ("INGEST_DEADLINE_MS".into(), "3000".into()),
+        ("LOG_FORMAT".into(), "json".into()),
+        ("RUST_LOG".into(), "warn".into()),
+    ]
+}
+
+fn relay_env(url: &str, downstream: &str) -> Vec<(String, String)> {
+    vec![
+        ("DATABASE_URL".into(), url.into()),
+        ("FULFILMENT_URL".into(), downstream.into()),
+        ("EMAIL_URL".into(), downstream.into()),
+        ("ADMIN_LISTEN_ADDR".into(), "127.0.0.1:0".into()),
+        ("RELAY_LEASE_SECS".into(), "3".into()),
+        ("RELAY_HTTP_TIMEOUT_MS".into(), HTTP_TIMEOUT_MS.to_string()),
+        ("RELAY_BACKOFF_BASE_MS".into(), "50".into()),
+        ("RELAY_BACKOFF_MAX_SECS".into(), "1".into()),
+        ("RELAY_POLL_INTERVAL_MS".into(), "200".into()),
+        ("LOG_FORMAT".into(), "json".into()),
+        ("RUST_LOG".into(), "warn".into()),
+    ]
+}
+
+async fn wait_until_drained(client: &tokio_postgres::Client, timeout: Duration) {
+    let started = Instant::now();
+    loop {
+        let left = testkit::count(client, "SELECT count(*) FROM outbox WHERE status = 'pending'").await;
+        if left == 0 {
+            return;
+        }
+        assert!(started.elapsed() < timeout, "{left} rows still pending");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn wait_ingest(http: &reqwest::Client, port: u16) {
+    let started = Instant::now();
+    while http
+        .get(format!("http://127.0.0.1:{port}/webhooks/payments"))
+        .send()
+        .await
+        .is_err()
+    {
+        assert!(started.elapsed() < Duration::from_secs(30), "ingest on {port} never listened");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn merge(into: &mut HashMap<String, KeyRecord>, stats: &simulator::downstream::Stats) {
+    for (key, k) in stats.keys.as_ref().expect("stats with keys") {
+        let record = into.entry(key.clone()).or_default();
+        record.effects += k.effects;
+        record.calls.extend(k.calls.iter().cloned());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_order_ends_as_the_domain_rules_say_whatever_the_interleaving() {
+    let orders = setting("HISTORY_ORDERS", 2500) as i64;
+    let chaos = setting("HISTORY_CHAOS", 0) == 1;
+    let seed = setting("HISTORY_SEED", now_us() as u64);
+    eprintln!("history: seed {seed} (HISTORY_SEED={seed} replays this history), {orders} orders, chaos {chaos}");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let retained: HashSet<i64> = (1..=orders).filter(|_| rng.random_bool(0.05)).collect();
+    let (phase1, phase2) = plan(&mut rng, orders, &retained);
+    let planned: HashMap<String, (String, Option<i64>)> = phase1
+        .iter()
+        .chain(&phase2)
+        .flatten()
+        .map(|p| (p.id.clone(), (p.event_type.to_owned(), p.order)))
+        .collect();
+
+    let dir = TempDir(std::env::temp_dir().join(format!("history-{}", testkit::free_port())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let cluster = PrivateCluster::start().expect("a private cluster");
+    let url = cluster.migrated_database("history").await.unwrap();
+    let client = testkit::TestDb::connect_url(&url).await;
+    client.batch_execute(INSTRUMENTATION).await.unwrap();
+    client
+        .execute(
+            "INSERT INTO orders (id, payment_id) SELECT n, 'pay_' || n FROM generate_series(1, $1::int8) n",
+            &[&orders],
+        )
+        .await
+        .unwrap();
+    let ingest_url = testkit::login_url(&url, Role::Ingest).await;
+    let relay_url = testkit::login_url(&url, Role::Relay).await;
+
+    let downstream = simulator::downstream::spawn(DownstreamConfig {
+        faults: Faults {
+            latency_ms: Latency::Uniform { low: 1.0, high: 15.0 },
+            error_rate: 0.05,
+            rate_429: 0.02,
+            retry_after_secs: 1,
+            reset_rate: 0.02,
+            hang_rate: 0.02,
+            hang_ms: 2 * HTTP_TIMEOUT_MS,
+        },
+        ..DownstreamConfig::default()
+    })
+    .await
+    .unwrap();
+
+    let ports = [testkit::free_port(), testkit::free_port()];
+    let mut ingests: Vec<Proc> = ports
+        .iter()
+        .map(|port| Proc::spawn("webhook-ingest", &ingest_env(&ingest_url, *port), &dir.0))
+        .collect();
+    let mut relays: Vec<Proc> = (0..2)
+        .map(|_| Proc::spawn("outbox-relay", &relay_env(&relay_url, &downstream.url()), &dir.0))
+        .collect();
+    let targets: Vec<String> = ports.iter().map(|p| format!("http://127.0.0.1:{p}")).collect();
+    let _ = testkit::http(); // installs the TLS provider
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .pool_max_idle_per_host(64)
+        .build()
+        .unwrap();
+    for port in ports {
+        wait_ingest(&http, port).await;
+    }
+
+    // Phase 1, with the chaos beside it in soak runs.
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let disruptions = Arc::new(Mutex::new(Vec::new()));
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let delivering = async {
+        deliver_all(&http, &targets, &phase1, 1, 24, &log).await;
+        done.store(true, std::sync::atomic::Ordering::Release);
+    };
+    let chaos_loop = async {
+        if !chaos {
+            return;
+        }
+        let started = Instant::now();
+        let (mut ingest_killed, mut restarted) = (false, false);
+        let mut victim = 0usize;
+        while !done.load(std::sync::atomic::Ordering::Acquire) {
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            relays[victim % 2].signal("KILL");
+            disruptions.lock().unwrap().push(now_us());
+            relays[victim % 2] = Proc::spawn("outbox-relay", &relay_env(&relay_url, &downstream.url()), &dir.0);
+            victim += 1;
+            if !ingest_killed && started.elapsed() > Duration::from_secs(10) {
+                ingests[0].signal("KILL");
+                let _ = ingests[0].child.wait();
+                ingests[0] = Proc::spawn("webhook-ingest", &ingest_env(&ingest_url, ports[0]), &dir.0);
+                ingest_killed = true;
+            } else if ingest_killed && !restarted && started.elapsed() > Duration::from_secs(20) {
+                cluster.stop().expect("fast shutdown");
+                disruptions.lock().unwrap().push(now_us());
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                cluster.resume().expect("restart");
+                restarted = true;
+            }
+        }
+        assert!(restarted, "the deliveries ended before the chaos: raise HISTORY_ORDERS");
+    };
+    tokio::join!(delivering, chaos_loop);
+    wait_until_drained(&client, Duration::from_secs(120)).await;
+    let phase1_end: i64 = client
+        .query_one("SELECT last_value FROM history_seq", &[])
+        .await
+        .unwrap()
+        .get(0);
+
+    // Retention: the retained orders' rows and events age eight days and are
+    // pruned; a real email API forgets its keys too.
+    let mut keys = HashMap::new();
+    merge(&mut keys, &downstream.stats());
+    let retained_ids: Vec<String> = phase1
+        .iter()
+        .flatten()
+        .filter(|p| p.order.is_some_and(|o| retained.contains(&o)))
+        .map(|p| p.id.clone())
+        .collect();
+    let retained_orders: Vec<i64> = retained.iter().copied().collect();
+    client
+        .execute(
+            "UPDATE outbox SET created_at = now() - interval '8 days', finished_at = now() - interval '8 days'
+              WHERE order_id = ANY($1)",
+            &[&retained_orders],
+        )
+        .await
+        .unwrap();
+    client
+        .execute(
+            "UPDATE processed_events SET processed_at = now() - interval '8 days' WHERE event_id = ANY($1)",
+            &[&retained_ids],
+        )
+        .await
+        .unwrap();
+    let prune = std::process::Command::new(testkit::bin::path("outbox-relay"))
+        .arg("prune")
+        .env("DATABASE_URL", &relay_url)
+        .env("RETENTION_DAYS", "7")
+        .env("FULFILMENT_URL", downstream.url())
+        .env("EMAIL_URL", downstream.url())
+        .output()
+        .unwrap();
+    assert!(prune.status.success(), "{prune:?}");
+    let pruned: HashSet<String> = retained_ids.into_iter().collect();
+    assert_eq!(
+        testkit::count(
+            &client,
+            &format!(
+                "SELECT count(*) FROM outbox WHERE order_id IN ({})",
+                retained_orders
+                    .iter()
+                    .map(i64::to_string)
+                    .chain(std::iter::once("0".into()))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            )
+        )
+        .await,
+        0,
+        "the prune removed the retained orders' rows"
+    );
+    let reset = http
+        .post(format!("{}/control/reset", downstream.url()))
+        .send()
+        .await
+        .unwrap();
+    assert!(reset.status().is_success());
+
+    // Phase 2: resends and new refunds of the retained orders.
+    deliver_all(&http, &targets, &phase2, 2, 24, &log).await;
+    wait_until_drained(&client, Duration::from_secs(120)).await;
+    for relay in &mut relays {
+        relay.stop(Duration::from_secs(10));
+    }
+    for ingest in &mut ingests {
+        ingest.stop(Duration::from_secs(10));
+    }
+    merge(&mut keys, &downstream.stats());
+
+    // The evidence.
+    let claims = client
+        .query(
+            "SELECT seq, event_id, event_type, order_id, status,
+                    (extract(epoch FROM at) * 1000000)::int8 FROM history_events",
+            &[],
+        )
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| Claim {
+            seq: r.get(0),
+            event_id: r.get(1),
+            event_type: r.get(2),
+            order_id: r.get(3),
+            status: r.get(4),
+            at_us: r.get(5),
+            phase: if r.get::<_, i64>(0) <= phase1_end { 1 } else { 2 },
+        })
+        .collect();
+    let writes = client
+        .query(
+            "SELECT seq, order_id, kind, op, old_status, new_status, old_owner, new_owner, claimed,
+                    (extract(epoch FROM at) * 1000000)::int8 FROM history_outbox",
+            &[],
+        )
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| RowWrite {
+            seq: r.get(0),
+            order_id: r.get(1),
+            kind: r.get(2),
+            op: r.get(3),
+            old_status: r.get(4),
+            new_status: r.get(5),
+            old_owner: r.get(6),
+            new_owner: r.get(7),
+            claimed: r.get(8),
+            at_us: r.get(9),
+        })
+        .collect();
+    let final_orders = client
+        .query("SELECT id, status FROM orders", &[])
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let rows = client
+        .query("SELECT kind, order_id, status FROM outbox", &[])
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| ((r.get(0), r.get(1)), r.get(2)))
+        .collect();
+    let deliveries = std::mem::take(&mut *log.lock().unwrap());
+    let evidence = Evidence {
+        claims,
+        writes,
+        deliveries,
+        orders: final_orders,
+        rows,
+        keys,
+        planned,
+        pruned,
+        disruptions: disruptions.lock().unwrap().clone(),
+        http_timeout_us: HTTP_TIMEOUT_MS as i64 * 1000,
+    };
+    let report = check::check(&evidence);
+    eprint!("{report}");
+    let out = testkit::workspace_root().join("target/history");
+    let _ = std::fs::create_dir_all(&out);
+    let _ = std::fs::write(out.join("report.txt"), format!("seed {seed}\n{report}"));
+    assert!(
+        report.payment_refund_pairs_overlapping > 0,
+        "no payment and refund of one order were ever in flight together"
+    );
+    assert_eq!(report.total_violations(), 0, "{report}");
+}
