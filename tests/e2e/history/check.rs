@@ -110,8 +110,12 @@ pub enum Violation {
     ShippedUnpaid,
     /// A paid, unrefunded order without exactly one shipment.
     ShipmentCount,
-    /// A shipment claimed after its order's refund was committed.
+    /// A shipment first claimed after its order's refund was committed: the
+    /// refund did not stop it.
     ShipmentClaimedAfterRefund,
+    /// A shipment claimed again after its order's refund was committed: its
+    /// call under way failed and it was retried.
+    ShipmentRetriedAfterRefund,
     /// A refunded order's shipment left pending or dead.
     ShipmentNotStopped,
     /// The downstream performed the shipment and answered it promptly, yet
@@ -141,7 +145,8 @@ pub struct Report {
     pub shipments_under_way_then_done: usize,
     pub shipments_under_way_then_cancelled_with_effect: usize,
     pub violations: BTreeMap<Violation, Vec<i64>>,
-    pub details: Vec<String>,
+    /// Every violation with its order's history, by kind.
+    pub details: BTreeMap<Violation, Vec<String>>,
 }
 
 impl Report {
@@ -151,9 +156,15 @@ impl Report {
 
     fn flag(&mut self, v: Violation, order: i64, why: String) {
         self.violations.entry(v).or_default().push(order);
-        if self.details.len() < 40 {
-            self.details.push(format!("order {order}: {v:?}: {why}"));
-        }
+        self.details
+            .entry(v)
+            .or_default()
+            .push(format!("order {order}: {v:?}: {why}"));
+    }
+
+    /// Every violation's history, for the report file.
+    pub fn all_details(&self) -> String {
+        self.details.values().flatten().map(|d| format!("  {d}\n")).collect()
     }
 }
 
@@ -191,8 +202,11 @@ impl std::fmt::Display for Report {
                 format!(" ({})", by_kind.join(", "))
             }
         )?;
-        for d in &self.details {
-            writeln!(f, "  {d}")?;
+        // A few of each kind; the report file has them all.
+        for details in self.details.values() {
+            for d in details.iter().take(3) {
+                writeln!(f, "  {d}")?;
+            }
         }
         Ok(())
     }
@@ -447,8 +461,13 @@ pub fn check(e: &Evidence) -> Report {
                 if let Some(acked) = ack_of(&refund.event_id, refund.phase) {
                     let late: Vec<&&&RowWrite> = ship_writes.iter().filter(|w| w.claimed && w.at_us > acked).collect();
                     if !late.is_empty() {
+                        let claimed_before = ship_writes.iter().any(|w| w.claimed && w.at_us < refund.at_us);
                         r.flag(
-                            Violation::ShipmentClaimedAfterRefund,
+                            if claimed_before {
+                                Violation::ShipmentRetriedAfterRefund
+                            } else {
+                                Violation::ShipmentClaimedAfterRefund
+                            },
                             order,
                             format!(
                                 "{} claim(s) after the refund {} was answered at {acked}: {}",

@@ -575,7 +575,10 @@ async fn every_order_ends_as_the_domain_rules_say_whatever_the_interleaving() {
     eprint!("{report}");
     let out = testkit::workspace_root().join("target/history");
     let _ = std::fs::create_dir_all(&out);
-    let _ = std::fs::write(out.join("report.txt"), format!("seed {seed}\n{report}"));
+    let _ = std::fs::write(
+        out.join("report.txt"),
+        format!("seed {seed}\n{report}every violation:\n{}", report.all_details()),
+    );
     assert!(
         report.payment_refund_pairs_overlapping > 0,
         "no payment and refund of one order were ever in flight together"
