@@ -11,6 +11,9 @@
 //! | 408, 409, 425, 429, 5xx, timeout, connection error | retry after a backoff (or `Retry-After`) |
 //! | any other status | dead at once: retrying cannot help |
 //! | `RELAY_MAX_ATTEMPTS` calls made | dead, keeping the last error |
+//!
+//! [`call`] also hands back the HTTP status it got (none for a timeout or a
+//! connection error), for the relay's one log line per call.
 
 use std::time::{Duration, SystemTime};
 
@@ -72,6 +75,15 @@ pub enum Dispatch {
     },
 }
 
+/// One call's result: the dispatch, and the HTTP status the downstream
+/// answered with (`None` when there was no answer: a timeout, a connection
+/// error).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Called {
+    pub dispatch: Dispatch,
+    pub status: Option<u16>,
+}
+
 /// The request a row becomes.
 #[derive(Debug)]
 pub struct Prepared {
@@ -105,14 +117,14 @@ pub fn prepare(row: &ClaimedRow, endpoints: &Endpoints) -> Result<Prepared, Disp
 /// Sends it, in an HTTP client span (semantic conventions) whose context the
 /// request carries as `traceparent`. `parent` is the row's stored context,
 /// used only when no tracing layer is installed.
-pub async fn call(http: &reqwest::Client, prepared: &Prepared, key: &str, parent: Option<&str>) -> Dispatch {
+pub async fn call(http: &reqwest::Client, prepared: &Prepared, key: &str, parent: Option<&str>) -> Called {
     let url = &prepared.url;
     let span = tracing::info_span!(
         "POST",
         otel.kind = "client",
         otel.status_code = Empty,
         http.request.method = "POST",
-        url.full = %url,
+        url.full = %redacted(url),
         server.address = url.host_str().unwrap_or_default(),
         server.port = url.port_or_known_default().unwrap_or_default(),
         http.response.status_code = Empty,
@@ -136,7 +148,10 @@ pub async fn call(http: &reqwest::Client, prepared: &Prepared, key: &str, parent
                 span.record("otel.status_code", "ERROR");
                 span.record("error.type", status.as_u16().to_string());
             }
-            classify(response).await
+            Called {
+                dispatch: classify(response).await,
+                status: Some(status.as_u16()),
+            }
         }
         Err(e) => {
             span.record("otel.status_code", "ERROR");
@@ -150,12 +165,29 @@ pub async fn call(http: &reqwest::Client, prepared: &Prepared, key: &str, parent
                     "transport"
                 },
             );
-            Dispatch::Retry {
-                after: None,
-                error: describe_transport_error(&e),
+            Called {
+                dispatch: Dispatch::Retry {
+                    after: None,
+                    error: describe_transport_error(&e),
+                },
+                status: None,
             }
         }
     }
+}
+
+/// The URL as a span may show it: a username or password in it (allowed in
+/// `FULFILMENT_URL` / `EMAIL_URL`) becomes `REDACTED`, as the semantic
+/// conventions for `url.full` ask. reqwest itself moves them into an
+/// `Authorization` header and out of the URL its errors name.
+fn redacted(url: &reqwest::Url) -> std::borrow::Cow<'_, reqwest::Url> {
+    if url.username().is_empty() && url.password().is_none() {
+        return std::borrow::Cow::Borrowed(url);
+    }
+    let mut shown = url.clone();
+    let _ = shown.set_username("REDACTED");
+    let _ = shown.set_password(Some("REDACTED"));
+    std::borrow::Cow::Owned(shown)
 }
 
 async fn classify(response: reqwest::Response) -> Dispatch {
@@ -348,6 +380,15 @@ mod tests {
             Completion::Dead { error } => assert!(error.contains("5 attempts") && error.contains("HTTP 503")),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn credentials_in_a_url_are_redacted_for_spans() {
+        let url = reqwest::Url::parse("https://ops:s3cret@f.example:8443/v1/shipments").unwrap();
+        let shown = redacted(&url).to_string();
+        assert_eq!(shown, "https://REDACTED:REDACTED@f.example:8443/v1/shipments");
+        let plain = reqwest::Url::parse("http://f.example/shipments").unwrap();
+        assert_eq!(redacted(&plain).as_str(), "http://f.example/shipments");
     }
 
     #[test]

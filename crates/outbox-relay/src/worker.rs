@@ -15,14 +15,22 @@
 //! - Shutdown: the claimer stops; rows not yet started are released (back to
 //!   pending, due now, their attempt undone); calls in flight finish (each
 //!   bounded by the HTTP timeout) and are recorded; then the loop returns.
+//! - A panic while sending a row is contained to that row: it is recorded as
+//!   a failed attempt (retried after a backoff, dead when its attempts are
+//!   used up), so its room is freed like any other's.
+//! - One log line per finished call (done, retry or dead; none for a row
+//!   released unsent), inside the row's `outbox.dispatch` span so that it
+//!   carries the event's `event_id`, `trace_id` and `span_id` (SPEC section 6).
 //!
 //! [`Relay::relay_once`] runs one claim-send-record cycle to completion, for
 //! tests and tools that want to drain deterministically.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use futures_util::FutureExt as _;
 use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
@@ -30,7 +38,7 @@ use tracing::field::Empty;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use crate::config::RelayConfig;
-use crate::dispatch::{self, Endpoints, RetryPolicy};
+use crate::dispatch::{self, Called, Dispatch, Endpoints, RetryPolicy};
 use crate::metrics::RelayMetrics;
 use crate::storage::{self, ClaimedRow, Completion};
 
@@ -66,7 +74,6 @@ pub struct Relay {
 #[derive(Clone)]
 struct Finished {
     row_id: i64,
-    attempt: i32,
     /// The claim's fencing token ([`ClaimedRow::claim`]).
     claim: i32,
     kind: String,
@@ -117,17 +124,28 @@ impl Relay {
 
     /// One claim, every call of the batch, one recording.
     pub async fn relay_once(&self) -> anyhow::Result<Outcome> {
+        self.relay_once_with(|row| self.send_or_release(row)).await
+    }
+
+    /// [`Relay::relay_once`] with `work` doing each row's part (in production
+    /// [`Relay::send_or_release`]; tests pass one that panics).
+    async fn relay_once_with<W, F>(&self, work: W) -> anyhow::Result<Outcome>
+    where
+        W: Fn(ClaimedRow) -> F,
+        F: Future<Output = Finished>,
+    {
         let rows = self.claim(self.config.batch_size as i64).await?;
         if rows.is_empty() {
             return Ok(Outcome::Empty);
         }
         let n = rows.len();
         let calls = Arc::new(Semaphore::new(self.config.concurrency as usize));
+        let work = &work;
         let finished = futures_util::future::join_all(rows.into_iter().map(|row| {
             let calls = calls.clone();
             async move {
                 let _slot = calls.acquire().await.expect("never closed");
-                self.send_or_release(row).await
+                self.contain(row, work).await
             }
         }))
         .await;
@@ -166,11 +184,64 @@ impl Relay {
         self.deliver(row).await
     }
 
+    /// Runs one row's `work`, containing a panic in it.
+    ///
+    /// Uncontained, a panic ends the row's task before it hands a `Finished`
+    /// to the recorder: the row's room among the held rows is never given
+    /// back (enough such rows and the relay stops claiming) and the row waits
+    /// out its lease. Contained, it is a failed attempt like a 503: retried
+    /// after a backoff, dead once `RELAY_MAX_ATTEMPTS` are used up.
+    async fn contain<F>(&self, row: ClaimedRow, work: impl FnOnce(ClaimedRow) -> F) -> Finished
+    where
+        F: Future<Output = Finished>,
+    {
+        let (row_id, attempt, claim) = (row.id, row.attempt, row.claim);
+        let (kind, event_id) = (row.kind.clone(), row.event_id.clone());
+        let started = Instant::now();
+        // Unwind safety: of the row only the copies above are read after a
+        // panic, and what the work shares with other rows (the HTTP client,
+        // the metrics) sees the panic as it would a cancelled call: the
+        // work's future dropped part-way.
+        let result = AssertUnwindSafe(async move { work(row).await })
+            .catch_unwind()
+            .await;
+        let panic = match result {
+            Ok(finished) => return finished,
+            Err(panic) => panic,
+        };
+        let error = format!(
+            "relay panicked while dispatching: {}",
+            panic_message(panic.as_ref())
+        );
+        let completion = self.policy.complete(
+            attempt,
+            Dispatch::Retry {
+                after: None,
+                error: error.clone(),
+            },
+        );
+        tracing::error!(
+            outbox_id = row_id,
+            event_id,
+            kind,
+            attempt,
+            outcome = completion_label(&completion),
+            error,
+            "relay panicked while dispatching; recorded as a failed attempt"
+        );
+        Finished {
+            row_id,
+            claim,
+            kind,
+            completion,
+            seconds: started.elapsed().as_secs_f64(),
+        }
+    }
+
     /// The completion of a row that was never sent.
     fn released(row: ClaimedRow) -> Finished {
         Finished {
             row_id: row.id,
-            attempt: row.attempt,
             claim: row.claim,
             kind: row.kind,
             completion: Completion::Release,
@@ -199,9 +270,16 @@ impl Relay {
         self.deliver_in_span(row).instrument(span).await
     }
 
+    /// The call, then its one log line (SPEC section 6): `outcome`,
+    /// `http_status` (absent when no answer came: a timeout, a connection
+    /// error, a payload never sent), `duration_ms`, and for a failure the
+    /// `error`; the span lifts `event_id`, `outbox_id`, `kind`, `attempt`,
+    /// `idempotency_key`, `trace_id` and `span_id` onto it. Done and retry
+    /// are `info` and dead is `warn`, so the default level (`RUST_LOG`
+    /// unset) tells every call's story.
     async fn deliver_in_span(&self, row: ClaimedRow) -> Finished {
         let started = Instant::now();
-        let dispatch = match dispatch::prepare(&row, &self.endpoints) {
+        let Called { dispatch, status } = match dispatch::prepare(&row, &self.endpoints) {
             Ok(prepared) => {
                 dispatch::call(
                     &self.http,
@@ -211,31 +289,56 @@ impl Relay {
                 )
                 .await
             }
-            Err(dispatch) => dispatch,
+            Err(dispatch) => Called {
+                dispatch,
+                status: None,
+            },
         };
         let completion = self.policy.complete(row.attempt, dispatch);
+        let elapsed = started.elapsed();
+        // Whole microseconds, in milliseconds.
+        let duration_ms = elapsed.as_micros() as f64 / 1000.0;
         let span = tracing::Span::current();
+        span.record("outbox.outcome", completion_label(&completion));
         match &completion {
-            Completion::Done => span.record("outbox.outcome", "done"),
-            Completion::Retry { error, .. } => {
+            Completion::Done => {
+                tracing::info!(
+                    outcome = "done",
+                    http_status = status,
+                    duration_ms,
+                    "downstream call finished"
+                );
+            }
+            Completion::Retry { delay, error } => {
                 span.record("otel.status_code", "ERROR");
-                tracing::info!(error, "call failed; will retry");
-                span.record("outbox.outcome", "retry")
+                tracing::info!(
+                    outcome = "retry",
+                    http_status = status,
+                    duration_ms,
+                    retry_in_ms = delay.as_millis() as u64,
+                    error,
+                    "downstream call finished"
+                );
             }
             Completion::Dead { error } => {
                 span.record("otel.status_code", "ERROR");
-                tracing::warn!(error, "row is dead");
-                span.record("outbox.outcome", "dead")
+                tracing::warn!(
+                    outcome = "dead",
+                    http_status = status,
+                    duration_ms,
+                    error,
+                    "downstream call finished"
+                );
             }
-            Completion::Release => span.record("outbox.outcome", "release"),
-        };
+            // Not an outcome of a call: the policy never makes it.
+            Completion::Release => {}
+        }
         Finished {
             row_id: row.id,
-            attempt: row.attempt,
             claim: row.claim,
             kind: row.kind,
             completion,
-            seconds: started.elapsed().as_secs_f64(),
+            seconds: elapsed.as_secs_f64(),
         }
     }
 
@@ -252,13 +355,10 @@ impl Relay {
         let client = self.pool.get().await?;
         let recorded = storage::record_outcomes(&client, &self.config.owner, &outcomes).await?;
         for f in finished {
-            let label = match f.completion {
-                Completion::Done => "done",
-                Completion::Retry { .. } => "retry",
-                Completion::Dead { .. } => "dead",
-                Completion::Release => continue,
-            };
-            self.metrics.dispatched(&f.kind, label, f.seconds);
+            if f.completion != Completion::Release {
+                self.metrics
+                    .dispatched(&f.kind, completion_label(&f.completion), f.seconds);
+            }
         }
         for r in &recorded {
             if r.status == "done" {
@@ -276,6 +376,20 @@ impl Relay {
 
     /// Runs until `shutdown`: claims, sends and records continuously.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        self.run_with(
+            shutdown,
+            |relay, row| async move { relay.send_or_release(row).await },
+        )
+        .await;
+    }
+
+    /// [`Relay::run`] with `work` doing each row's part (in production
+    /// [`Relay::send_or_release`]; tests pass one that panics).
+    async fn run_with<W, F>(self: Arc<Self>, shutdown: CancellationToken, work: W)
+    where
+        W: Fn(Arc<Self>, ClaimedRow) -> F + Clone + Send + 'static,
+        F: Future<Output = Finished> + Send + 'static,
+    {
         let concurrency = self.config.concurrency as usize;
         let max_held = concurrency + self.config.batch_size as usize;
         let held = Arc::new(AtomicUsize::new(0));
@@ -319,14 +433,20 @@ impl Relay {
                 let calls = calls.clone();
                 let done = done_tx.clone();
                 let shutdown = shutdown.clone();
+                let work = work.clone();
                 tokio::spawn(async move {
                     let started = tokio::select! {
                         biased;
                         _ = shutdown.cancelled() => None,
                         slot = calls.acquire_owned() => slot.ok(),
                     };
+                    // Exactly one `Finished` per held row, whatever happens
+                    // in the send: the recorder gives the room back on it.
                     let finished = match started {
-                        Some(_slot) => relay.send_or_release(row).await,
+                        Some(_slot) => {
+                            let sender = relay.clone();
+                            relay.contain(row, move |row| work(sender, row)).await
+                        }
                         // Never sent: hand it back for another relay, at once.
                         None => Self::released(row),
                     };
@@ -384,8 +504,241 @@ impl Relay {
     }
 }
 
+/// The metric label and log `outcome` of a completion.
+fn completion_label(completion: &Completion) -> &'static str {
+    match completion {
+        Completion::Done => "done",
+        Completion::Retry { .. } => "retry",
+        Completion::Dead { .. } => "dead",
+        Completion::Release => "release",
+    }
+}
+
+/// The text of a panic's payload (`panic!` with a literal or a format string).
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(a payload that is not a string)")
+}
+
 fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    //! A panic while sending, contained: driven through the real loop and
+    //! the real `relay_once`, against Postgres and the simulated downstream,
+    //! with a row's work that panics in place of [`Relay::send_or_release`].
+
+    use std::sync::atomic::AtomicUsize;
+
+    use clap::Parser as _;
+
+    use super::*;
+    use crate::metrics::DispatchLabels;
+
+    struct Env {
+        _db: testkit::TestDb,
+        client: tokio_postgres::Client,
+        downstream: simulator::downstream::RunningDownstream,
+        relay: Arc<Relay>,
+    }
+
+    /// A fresh database with `rows` due shipments and a relay (logging in as
+    /// the relay's role) with `flags` on top of this environment's.
+    async fn env(rows: i64, flags: &[&str]) -> Env {
+        let db = testkit::TestDb::new().await;
+        let client = db.client().await;
+        client
+            .execute(
+                "INSERT INTO outbox (kind, payload, idempotency_key, event_id, order_id)
+                 SELECT 'ship_order', jsonb_build_object('v', 1, 'order_id', o, 'event_id', 'evt_' || o),
+                        'ship-' || o, 'evt_' || o, o
+                   FROM generate_series(1, $1::int8) AS o",
+                &[&rows],
+            )
+            .await
+            .unwrap();
+        let downstream = simulator::downstream::spawn(Default::default()).await.unwrap();
+        let (database_url, url) = (db.url_as(testkit::Role::Relay), downstream.url());
+        let mut args = vec![
+            "outbox-relay",
+            "--database-url",
+            &database_url,
+            "--fulfilment-url",
+            &url,
+            "--email-url",
+            &url,
+        ];
+        args.extend_from_slice(flags);
+        let settings = crate::config::Cli::try_parse_from(args).unwrap().settings;
+        let pool = settings.database().unwrap().pool(&db::ConnectOptions {
+            application_name: "outbox-relay-unit-test",
+            statement_timeout: None,
+            abort_when_client_leaves: false,
+            asynchronous_commit: true,
+            pool_size: 4,
+            pool_wait: Duration::from_secs(5),
+        });
+        let metrics = RelayMetrics::register(&mut prometheus_client::registry::Registry::default());
+        let relay = Relay::new(pool, settings.relay().unwrap(), metrics).unwrap();
+        Env {
+            _db: db,
+            client,
+            downstream,
+            relay: Arc::new(relay),
+        }
+    }
+
+    impl Env {
+        async fn count(&self, sql: &str) -> i64 {
+            testkit::count(&self.client, sql).await
+        }
+
+        fn retries_counted(&self) -> u64 {
+            self.relay
+                .metrics
+                .dispatches
+                .get_or_create(&DispatchLabels {
+                    kind: "ship_order",
+                    outcome: "retry",
+                })
+                .get()
+        }
+    }
+
+    /// The first `n` sends panic; the rest are real.
+    fn panicking_first(
+        n: usize,
+    ) -> (
+        Arc<AtomicUsize>,
+        impl Fn(Arc<Relay>, ClaimedRow) -> futures_util::future::BoxFuture<'static, Finished>
+        + Clone
+        + Send
+        + 'static,
+    ) {
+        let panics = Arc::new(AtomicUsize::new(0));
+        let counted = panics.clone();
+        let work = move |relay: Arc<Relay>, row: ClaimedRow| {
+            let counted = counted.clone();
+            async move {
+                if counted.fetch_add(1, Ordering::SeqCst) < n {
+                    panic!("injected fault for row {}", row.id);
+                }
+                relay.send_or_release(row).await
+            }
+            .boxed()
+        };
+        (panics, work)
+    }
+
+    /// One call slot and one batch: the loop holds at most two rows, so two
+    /// panics that never gave their room back would stop it claiming.
+    #[tokio::test]
+    async fn the_loop_keeps_claiming_after_sends_panic() {
+        let env = env(
+            6,
+            &[
+                "--relay-concurrency",
+                "1",
+                "--relay-batch-size",
+                "1",
+                "--relay-poll-interval-ms",
+                "50",
+                "--relay-backoff-base-ms",
+                "10",
+                "--relay-backoff-max-secs",
+                "1",
+            ],
+        )
+        .await;
+        let (_, work) = panicking_first(3);
+        let shutdown = CancellationToken::new();
+        let running = tokio::spawn(env.relay.clone().run_with(shutdown.clone(), work));
+
+        testkit::wait_for_count(
+            &env.client,
+            "SELECT count(*) FROM outbox WHERE status = 'done'",
+            6,
+            Duration::from_secs(20),
+        )
+        .await;
+        // The three panicked attempts were recorded as failed attempts and
+        // retried: nine attempts for six rows, six calls at the downstream.
+        assert_eq!(env.count("SELECT sum(attempts)::int8 FROM outbox").await, 9);
+        assert_eq!(env.downstream.stats().requests, 6);
+        assert_eq!(env.retries_counted(), 3);
+        // Every held row reached the recorder: the loop stops cleanly.
+        shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(20), running)
+            .await
+            .expect("the loop stops once everything it held is recorded")
+            .unwrap();
+        assert_eq!(
+            env.count("SELECT count(*) FROM outbox WHERE lease_owner IS NOT NULL")
+                .await,
+            0
+        );
+    }
+
+    #[tokio::test]
+    async fn relay_once_records_a_panicked_row_as_a_retry_and_the_rest_as_sent() {
+        let env = env(3, &["--relay-backoff-base-ms", "60000"]).await;
+        let (panics, work) = panicking_first(1);
+        let outcome = env
+            .relay
+            .relay_once_with(|row| work(env.relay.clone(), row))
+            .await
+            .unwrap();
+        assert_eq!(outcome, Outcome::Relayed(3));
+        assert_eq!(panics.load(Ordering::SeqCst), 3);
+        let rows = env
+            .client
+            .query(
+                "SELECT status, attempts, last_error, lease_owner IS NULL AS released,
+                        available_at > now() AS backed_off
+                   FROM outbox ORDER BY status",
+                &[],
+            )
+            .await
+            .unwrap();
+        let statuses: Vec<String> = rows.iter().map(|r| r.get("status")).collect();
+        assert_eq!(statuses, ["done", "done", "pending"]);
+        let panicked = &rows[2];
+        assert_eq!(panicked.get::<_, i32>("attempts"), 1);
+        let error: String = panicked.get("last_error");
+        assert!(
+            error.starts_with("relay panicked while dispatching: injected fault for row "),
+            "{error}"
+        );
+        assert!(panicked.get::<_, bool>("released"), "no longer leased");
+        assert!(panicked.get::<_, bool>("backed_off"), "retried after a backoff");
+        assert_eq!(env.downstream.stats().requests, 2);
+    }
+
+    #[tokio::test]
+    async fn a_panic_on_the_last_allowed_attempt_is_dead() {
+        let env = env(1, &["--relay-max-attempts", "1"]).await;
+        let (_, work) = panicking_first(1);
+        env.relay
+            .relay_once_with(|row| work(env.relay.clone(), row))
+            .await
+            .unwrap();
+        let row = env
+            .client
+            .query_one("SELECT status, last_error FROM outbox", &[])
+            .await
+            .unwrap();
+        assert_eq!(row.get::<_, String>("status"), "dead");
+        let error: String = row.get("last_error");
+        assert!(
+            error.contains("1 attempts") && error.contains("relay panicked while dispatching"),
+            "{error}"
+        );
+    }
 }

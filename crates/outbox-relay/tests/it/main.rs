@@ -2,6 +2,7 @@
 //! simulated downstream over real HTTP, and real processes where a test kills
 //! or stops one.
 
+mod call_log;
 mod crash;
 mod delivery;
 mod fencing;
