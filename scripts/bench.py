@@ -22,6 +22,9 @@ What it does, in order (each phase's wall time is in the report):
  6. e2e       webhook accepted -> downstream effect, idle (events one by one)
               and while a provider load runs at half of peak.
  7. tracing   a short 64-sender run with and without OTLP export (to a local sink).
+ 7b. relay_log the relay's log line per call (SPEC section 6): drains with it on
+              (the default level) and off (RUST_LOG=warn), alternated on, off,
+              off, on; the ratio of the rates is its cost.
  8. prune     retention under load: 1M done outbox rows and 1M processed events
               30 days old (quick: 50k and 50k); the ingest at half of peak (open
               loop) for a baseline window, then while `outbox-relay prune`
@@ -79,6 +82,7 @@ if QUICK:
         half_secs=4.0,
         trace_secs=3.0,
         relay_rows=10_000,
+        log_line_rows=10_000,
         peer_jobs=10_000,
         e2e_idle_events=40,
         e2e_load_secs=5.0,
@@ -98,6 +102,7 @@ else:
         half_secs=15.0,
         trace_secs=8.0,
         relay_rows=50_000,
+        log_line_rows=20_000,
         peer_jobs=50_000,
         e2e_idle_events=100,
         e2e_load_secs=10.0,
@@ -576,7 +581,7 @@ class Services:
         wait_ready(f"http://127.0.0.1:{admin}/readyz", p, f"webhook-ingest ({tag})")
         return Service(p, f"http://127.0.0.1:{port}", tag)
 
-    def start_relay(self, tag: str) -> "Service":
+    def start_relay(self, tag: str, extra_env: dict | None = None) -> "Service":
         admin = free_port()
         env = clean_env({
             "DATABASE_URL": self.db.url(Product.DB),
@@ -584,6 +589,7 @@ class Services:
             "EMAIL_URL": self.downstream_url,
             "ADMIN_LISTEN_ADDR": f"127.0.0.1:{admin}",
         })
+        env.update(extra_env or {})
         logf = open(LOGS / f"relay-{tag}.log", "ab")
         p = PROCS.popen(f"outbox-relay {tag}", [BIN / "outbox-relay"], env=env, stdout=logf,
                         stderr=subprocess.STDOUT)
@@ -1178,8 +1184,8 @@ class Bench:
             f"p99 {s['p99_ms']} p99.9 {s['p999_ms']} ms")
 
     # 4. relay -----------------------------------------------------------------
-    def drain(self, session: Session, relays: list[Service], n: int, tag: str) -> dict:
-        rows = CFG["relay_rows"]
+    def drain(self, session: Session, relays: list[Service], n: int, tag: str, rows: int | None = None) -> dict:
+        rows = rows or CFG["relay_rows"]
         first = DRAIN_ORDER0 + n * 1_000_000
         self.services.reset_downstream()
         maint0 = self.outbox_maintenance(session)
@@ -1393,6 +1399,53 @@ class Bench:
             f"{exported['requests']} exports ({exported['bytes'] / 1e6:.1f} MB)")
         if exported["requests"] == 0:
             self.errors["tracing"] = "the OTLP sink received nothing: was anything exported?"
+
+    # 7b. the relay's log line -----------------------------------------------------
+    def relay_log_phase(self) -> None:
+        for relay in self.relays:
+            if relay.p.poll() is None:
+                relay.stop()
+        self.product.reset(CFG["product_history"])
+        rows = CFG["log_line_rows"]
+        rates: dict = {"on": [], "off": []}
+        cpu: dict = {"on": [], "off": []}
+        lines: dict = {"on": [], "off": []}
+        session = Session(self.db, Product.DB)
+        try:
+            # On, off, off, on: a trend across the drains (dead tuples, a warm
+            # cache) weighs on both sides alike. Drains 4..7: their own keys.
+            for i, mode in enumerate(("on", "off", "off", "on")):
+                tag = f"log-{mode}-{i}"
+                (LOGS / f"relay-{tag}.log").unlink(missing_ok=True)  # its lines are counted below
+                relay = self.services.start_relay(tag, {"RUST_LOG": "warn"} if mode == "off" else None)
+                try:
+                    d = self.drain(session, [relay], 4 + i, f"log line {mode}", rows=rows)
+                finally:
+                    relay.stop()
+                rates[mode].append(d["rows_per_s"])
+                cpu[mode].append(d["relay_cpu_secs"])
+                text = (LOGS / f"relay-{tag}.log").read_text(errors="replace")
+                lines[mode].append(text.count('"message":"downstream call finished"'))
+        finally:
+            session.close()
+        on, off = statistics.mean(rates["on"]), statistics.mean(rates["off"])
+        self.details["relay_log"] = {"rows": rows, "rows_per_s": rates, "relay_cpu_secs": cpu, "call_lines": lines,
+                                     "note": "one relay per drain; on = RUST_LOG unset (the default), "
+                                             "off = RUST_LOG=warn; drains in the order on, off, off, on"}
+        r = self.report
+        r["relay_rows_per_s_log_line_on"] = round(on, 1)
+        r["relay_rows_per_s_log_line_off"] = round(off, 1)
+        r["relay_log_line_drain_ratio"] = ratio(on, off)
+        # The relay's own CPU per drain: less at the mercy of whatever else
+        # the machine runs than the wall-clock rate.
+        r["relay_log_line_cpu_ratio"] = ratio(statistics.mean(cpu["on"]), statistics.mean(cpu["off"]))
+        r["relay_log_lines_per_drain"] = lines["on"]
+        log(f"  relay log line: {on:,.0f} rows/s on vs {off:,.0f} off (RUST_LOG=warn): ratio "
+            f"{r['relay_log_line_drain_ratio']}, relay cpu {cpu['on']} s on vs {cpu['off']} s off: ratio "
+            f"{r['relay_log_line_cpu_ratio']}; call lines per drain on {lines['on']}, off {lines['off']}")
+        if any(n < rows for n in lines["on"]) or any(lines["off"]):
+            self.errors["relay_log"] = (f"expected one call line per row with the line on ({rows}), none off: "
+                                        f"on {lines['on']}, off {lines['off']}")
 
     # 8. prune ------------------------------------------------------------------
     def prune_phase(self) -> None:
@@ -1710,6 +1763,7 @@ VACUUM ANALYZE orders; VACUUM ANALYZE outbox; VACUUM ANALYZE processed_events; C
         self.phase("e2e", self.e2e_phase)
         self.record_rss()
         self.phase("tracing", self.tracing_phase)
+        self.phase("relay_log", self.relay_log_phase)
         self.phase("prune", self.prune_phase)
         self.phase("growth", self.growth_phase)
 
@@ -1827,6 +1881,11 @@ def tables(r: dict, md: bool) -> str:
         ["relay drain, one relay", f"{fmt(r.get('relay_rows_per_s_1'))} rows/s",
          f"{r['config']['relay_rows']:,} rows, zero-latency downstream"],
         ["relay drain, two relays", f"{fmt(r.get('relay_rows_per_s_2'))} rows/s", ""],
+        ["relay drain, log line per call on / off", f"{fmt(r.get('relay_rows_per_s_log_line_on'))} / "
+                                                    f"{fmt(r.get('relay_rows_per_s_log_line_off'))} rows/s",
+         f"on/off {fmt(r.get('relay_log_line_drain_ratio'), 3)} (relay cpu on/off "
+         f"{fmt(r.get('relay_log_line_cpu_ratio'), 3)}); off is RUST_LOG=warn; "
+         f"{r['config'].get('log_line_rows', 0):,} rows per drain, on, off, off, on"],
         ["peer (graphile-worker, batching, concurrency 24)", f"{fmt(r.get('peer_jobs_per_s'))} jobs/s",
          f"relay/peer {fmt(r.get('relay_vs_peer'), 2)}"],
         ["three drains, no VACUUM between", " / ".join(fmt(x) for x in r.get("relay_drain_rows_per_s", [])),
