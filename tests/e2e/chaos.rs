@@ -374,7 +374,10 @@ async fn exactly_once_effects_survive_kills_restarts_and_a_faulty_downstream() {
         stats.effects as usize,
         with_effect("done") + with_effect("cancelled")
     );
-    assert_eq!(with_effect("done"), rows.iter().filter(|(_, s, _)| s == "done").count());
+    assert_eq!(
+        with_effect("done"),
+        rows.iter().filter(|(_, s, _)| s == "done").count()
+    );
     let processed = recorded.values().filter(|s| *s == "processed").count();
     assert!(
         processed as u64 > events / 2,

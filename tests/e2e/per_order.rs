@@ -37,9 +37,7 @@ async fn seed_orders(stack: &Stack, n: i64) {
 }
 
 async fn post_ok(stack: &Stack, id: &str, kind: &str, order: i64) -> serde_json::Value {
-    let response = stack
-        .post(&event(id, kind, &format!("pay_{order}")), &[])
-        .await;
+    let response = stack.post(&event(id, kind, &format!("pay_{order}")), &[]).await;
     assert_eq!(response.status(), 200, "{id}");
     response.json().await.unwrap()
 }

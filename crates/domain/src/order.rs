@@ -205,7 +205,14 @@ mod tests {
             &[SendRefundNotice],
             true,
         );
-        expect(PaymentRefunded, Some(Refunded), Outcome::Refunded, None, &[], false);
+        expect(
+            PaymentRefunded,
+            Some(Refunded),
+            Outcome::Refunded,
+            None,
+            &[],
+            false,
+        );
         for state in states() {
             expect(Other, state, Outcome::Ignored, None, &[], false);
         }
@@ -234,7 +241,10 @@ mod tests {
                 let t = transition(kind, Some(state));
                 let mut seen = seen.clone();
                 for command in t.enqueue {
-                    assert!(!seen.contains(command), "{command:?} twice via {kind:?} in {state:?}");
+                    assert!(
+                        !seen.contains(command),
+                        "{command:?} twice via {kind:?} in {state:?}"
+                    );
                     seen.push(*command);
                 }
                 if state == OrderStatus::Refunded {

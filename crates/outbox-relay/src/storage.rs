@@ -262,6 +262,27 @@ pub async fn record_outcomes(
         .collect())
 }
 
+/// Whether a claimed row is still pending under this claim. A shipment that
+/// waited for a call slot may have been cancelled by a refund meanwhile: it
+/// was not yet under way, so it must not be sent.
+const STILL_PENDING: Sql = Sql::new(
+    "SELECT count(*) FROM outbox WHERE id = $1 AND lease_owner = $2 AND claims = $3 AND status = 'pending'",
+    // id, lease owner, the claim's token
+    &[Type::INT8, Type::TEXT, Type::INT4],
+);
+
+pub async fn still_pending(
+    client: &(impl Executor + ?Sized),
+    row: &ClaimedRow,
+    owner: &str,
+) -> Result<bool, tokio_postgres::Error> {
+    let found: i64 = STILL_PENDING
+        .query_one(client, &[&row.id, &owner, &row.claim])
+        .await?
+        .get(0);
+    Ok(found == 1)
+}
+
 /// Database-derived gauges.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Backlog {
@@ -555,6 +576,7 @@ mod tests {
         for sql in [
             &CLAIM,
             &COMPLETE,
+            &STILL_PENDING,
             &BACKLOG,
             &DEAD_ROWS,
             &REQUEUE_DEAD,

@@ -30,6 +30,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use domain::CommandKind;
 use futures_util::FutureExt as _;
 use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
@@ -144,7 +145,11 @@ impl Relay {
         let finished = futures_util::future::join_all(rows.into_iter().map(|row| {
             let calls = calls.clone();
             async move {
+                let waited = calls.available_permits() == 0;
                 let _slot = calls.acquire().await.expect("never closed");
+                if waited && self.cancelled_while_waiting(&row).await {
+                    return Self::released(row);
+                }
                 self.contain(row, work).await
             }
         }))
@@ -165,6 +170,39 @@ impl Relay {
         .await?;
         self.health.last_claim_ms.store(now_ms(), Ordering::Relaxed);
         Ok(rows)
+    }
+
+    /// Whether a shipment that waited for a call slot after its claim was
+    /// cancelled meanwhile (its order refunded). It was not yet under way, so
+    /// it must not be sent: the release records nothing but the lease's end.
+    /// Only rows that had to wait pay the look-up, and only shipments can be
+    /// cancelled. If the database cannot say, the row is not sent either.
+    async fn cancelled_while_waiting(&self, row: &ClaimedRow) -> bool {
+        if CommandKind::parse(&row.kind) != Some(CommandKind::ShipOrder) {
+            return false;
+        }
+        let still_pending = match self.pool.get().await {
+            Ok(client) => storage::still_pending(&client, row, &self.config.owner).await,
+            Err(e) => {
+                tracing::warn!(outbox_id = row.id, error = %e, "cannot check a waiting shipment; released");
+                return true;
+            }
+        };
+        match still_pending {
+            Ok(true) => false,
+            Ok(false) => {
+                tracing::info!(
+                    outbox_id = row.id,
+                    event_id = %row.event_id,
+                    "shipment cancelled while it waited for a call slot; not sent"
+                );
+                true
+            }
+            Err(e) => {
+                tracing::warn!(outbox_id = row.id, error = %e, "cannot check a waiting shipment; released");
+                true
+            }
+        }
     }
 
     /// Sends the row if its lease will outlast the call, else hands it back.
@@ -354,8 +392,11 @@ impl Relay {
             .collect();
         let client = self.pool.get().await?;
         let recorded = storage::record_outcomes(&client, &self.config.owner, &outcomes).await?;
+        // Only what was recorded counts: a stale claim's outcome (the row
+        // was claimed again meanwhile) is dropped, and not counted either.
+        let recorded_ids: std::collections::HashSet<i64> = recorded.iter().map(|r| r.id).collect();
         for f in finished {
-            if f.completion != Completion::Release {
+            if f.completion != Completion::Release && recorded_ids.contains(&f.row_id) {
                 self.metrics
                     .dispatched(&f.kind, completion_label(&f.completion), f.seconds);
             }
@@ -435,14 +476,23 @@ impl Relay {
                 let shutdown = shutdown.clone();
                 let work = work.clone();
                 tokio::spawn(async move {
-                    let started = tokio::select! {
-                        biased;
-                        _ = shutdown.cancelled() => None,
-                        slot = calls.acquire_owned() => slot.ok(),
+                    let (started, waited) = match calls.clone().try_acquire_owned() {
+                        Ok(slot) => (Some(slot), false),
+                        Err(_) => {
+                            let slot = tokio::select! {
+                                biased;
+                                _ = shutdown.cancelled() => None,
+                                slot = calls.acquire_owned() => slot.ok(),
+                            };
+                            (slot, true)
+                        }
                     };
                     // Exactly one `Finished` per held row, whatever happens
                     // in the send: the recorder gives the room back on it.
                     let finished = match started {
+                        Some(_slot) if waited && relay.cancelled_while_waiting(&row).await => {
+                            Self::released(row)
+                        }
                         Some(_slot) => {
                             let sender = relay.clone();
                             relay.contain(row, move |row| work(sender, row)).await

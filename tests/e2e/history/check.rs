@@ -164,7 +164,11 @@ impl Report {
 
     /// Every violation's history, for the report file.
     pub fn all_details(&self) -> String {
-        self.details.values().flatten().map(|d| format!("  {d}\n")).collect()
+        self.details
+            .values()
+            .flatten()
+            .map(|d| format!("  {d}\n"))
+            .collect()
     }
 }
 
@@ -242,7 +246,7 @@ pub fn check(e: &Evidence) -> Report {
     for c in &e.claims {
         claims_of.entry(&c.event_id).or_default().push(c);
     }
-    for (&(id, phase), _) in &delivered_ids {
+    for &(id, phase) in delivered_ids.keys() {
         let order = e.planned.get(id).and_then(|(_, o)| *o).unwrap_or(0);
         let in_phase: Vec<&&Claim> = claims_of
             .get(id)
@@ -265,14 +269,22 @@ pub fn check(e: &Evidence) -> Report {
             .filter(|d| d.event_id == id && d.phase == phase && d.status == 200)
             .collect();
         if acked.is_empty() {
-            r.flag(Violation::Acknowledgement, order, format!("{id} never got a 200 in phase {phase}"));
+            r.flag(
+                Violation::Acknowledgement,
+                order,
+                format!("{id} never got a 200 in phase {phase}"),
+            );
             continue;
         }
         let Some(claim) = claims_of
             .get(id)
             .and_then(|cs| cs.iter().filter(|c| c.phase <= phase).max_by_key(|c| c.seq))
         else {
-            r.flag(Violation::Acknowledgement, order, format!("{id} acknowledged but never claimed"));
+            r.flag(
+                Violation::Acknowledgement,
+                order,
+                format!("{id} acknowledged but never claimed"),
+            );
             continue;
         };
         for d in acked {
@@ -288,7 +300,11 @@ pub fn check(e: &Evidence) -> Report {
     for (k, rec) in &e.keys {
         if rec.effects > 1 {
             let order = k.rsplit('-').next().and_then(|o| o.parse().ok()).unwrap_or(0);
-            r.flag(Violation::DoubleEffect, order, format!("{k}: {} effects", rec.effects));
+            r.flag(
+                Violation::DoubleEffect,
+                order,
+                format!("{k}: {} effects", rec.effects),
+            );
         }
     }
 
@@ -311,7 +327,11 @@ pub fn check(e: &Evidence) -> Report {
             .min()
     };
     let interval_of = |id: &str| {
-        let ds: Vec<&Delivery> = e.deliveries.iter().filter(|d| d.event_id == id && d.phase == 1).collect();
+        let ds: Vec<&Delivery> = e
+            .deliveries
+            .iter()
+            .filter(|d| d.event_id == id && d.phase == 1)
+            .collect();
         let start = ds.iter().map(|d| d.sent_us).min()?;
         let end = ds.iter().filter_map(|d| d.acked_us).max()?;
         Some((start, end))
@@ -324,7 +344,11 @@ pub fn check(e: &Evidence) -> Report {
         let history = || {
             let mut h = String::new();
             for c in &events {
-                let _ = write!(h, "[#{} {} {} -> {} at {}] ", c.seq, c.event_id, c.event_type, c.status, c.at_us);
+                let _ = write!(
+                    h,
+                    "[#{} {} {} -> {} at {}] ",
+                    c.seq, c.event_id, c.event_type, c.status, c.at_us
+                );
             }
             for w in writes_of.get(&order).into_iter().flatten() {
                 if w.kind == CommandKind::ShipOrder.as_str() {
@@ -336,7 +360,10 @@ pub fn check(e: &Evidence) -> Report {
                         w.old_status,
                         w.new_status,
                         if w.claimed { " claimed" } else { "" },
-                        w.old_owner.as_deref().map(|o| format!(" (held by {o})")).unwrap_or_default(),
+                        w.old_owner
+                            .as_deref()
+                            .map(|o| format!(" (held by {o})"))
+                            .unwrap_or_default(),
                         w.at_us
                     );
                 }
@@ -367,7 +394,13 @@ pub fn check(e: &Evidence) -> Report {
                 r.flag(
                     Violation::Outcome,
                     order,
-                    format!("{} recorded {} but the rule gives {}: {}", c.event_id, c.status, t.outcome.as_str(), history()),
+                    format!(
+                        "{} recorded {} but the rule gives {}: {}",
+                        c.event_id,
+                        c.status,
+                        t.outcome.as_str(),
+                        history()
+                    ),
                 );
             }
             for k in t.enqueue {
@@ -385,7 +418,12 @@ pub fn check(e: &Evidence) -> Report {
             r.flag(
                 Violation::FinalStatus,
                 order,
-                format!("ends {:?}, the model {}: {}", e.orders.get(&order), state.as_str(), history()),
+                format!(
+                    "ends {:?}, the model {}: {}",
+                    e.orders.get(&order),
+                    state.as_str(),
+                    history()
+                ),
             );
         }
         let effects = |kind: CommandKind| e.keys.get(&key(kind, order)).map_or(0, |k| k.effects);
@@ -459,7 +497,10 @@ pub fn check(e: &Evidence) -> Report {
             (_, Some(refund)) => {
                 r.refunds_after_payment += 1;
                 if let Some(acked) = ack_of(&refund.event_id, refund.phase) {
-                    let late: Vec<&&&RowWrite> = ship_writes.iter().filter(|w| w.claimed && w.at_us > acked).collect();
+                    let late: Vec<&&&RowWrite> = ship_writes
+                        .iter()
+                        .filter(|w| w.claimed && w.at_us > acked)
+                        .collect();
                     if !late.is_empty() {
                         let claimed_before = ship_writes.iter().any(|w| w.claimed && w.at_us < refund.at_us);
                         r.flag(
@@ -512,12 +553,17 @@ pub fn check(e: &Evidence) -> Report {
                     // knew, so the row must have said done at some point
                     // (unless a kill or a restart took that knowledge away
                     // before it was recorded).
-                    let prompt = e.keys.get(&ship_key).into_iter().flat_map(|k| &k.calls).find(|c| {
-                        c.effect
-                            && !c.hung
-                            && (200..300).contains(&c.status)
-                            && ((c.ended_us - c.arrived_us) as i64) < e.http_timeout_us / 2
-                    });
+                    let prompt = e
+                        .keys
+                        .get(&ship_key)
+                        .into_iter()
+                        .flat_map(|k| &k.calls)
+                        .find(|c| {
+                            c.effect
+                                && !c.hung
+                                && (200..300).contains(&c.status)
+                                && ((c.ended_us - c.arrived_us) as i64) < e.http_timeout_us / 2
+                        });
                     if let Some(call) = prompt {
                         let excused = e
                             .disruptions
@@ -548,7 +594,12 @@ pub fn check(e: &Evidence) -> Report {
                     && qs < pe
                 {
                     overlapped = true;
-                    let seq = |id: &str| events.iter().find(|c| c.event_id == id && c.phase == 1).map(|c| c.seq);
+                    let seq = |id: &str| {
+                        events
+                            .iter()
+                            .find(|c| c.event_id == id && c.phase == 1)
+                            .map(|c| c.seq)
+                    };
                     if let (Some(a), Some(b)) = (seq(p), seq(q))
                         && a < b
                     {

@@ -95,26 +95,31 @@ struct Planned {
 fn plan(rng: &mut StdRng, orders: i64, retained: &HashSet<i64>) -> (Vec<Vec<Planned>>, Vec<Vec<Planned>>) {
     let mut phase1 = Vec::new();
     let mut phase2 = Vec::new();
-    let event = |rng: &mut StdRng, id: String, event_type: &'static str, order: Option<i64>, payment_id: String| {
-        let mut duplicates = Vec::new();
-        for _ in 0..3 {
-            if rng.random_bool(0.12) {
-                duplicates.push(if rng.random_bool(0.7) {
-                    rng.random_range(0..20)
-                } else {
-                    rng.random_range(50..400)
-                });
+    let event =
+        |rng: &mut StdRng, id: String, event_type: &'static str, order: Option<i64>, payment_id: String| {
+            let mut duplicates = Vec::new();
+            for _ in 0..3 {
+                if rng.random_bool(0.12) {
+                    duplicates.push(if rng.random_bool(0.7) {
+                        rng.random_range(0..20)
+                    } else {
+                        rng.random_range(50..400)
+                    });
+                }
             }
-        }
-        Planned {
-            id,
-            event_type,
-            payment_id,
-            order,
-            delay_ms: if rng.random_bool(0.5) { 0 } else { rng.random_range(0..25) },
-            duplicates,
-        }
-    };
+            Planned {
+                id,
+                event_type,
+                payment_id,
+                order,
+                delay_ms: if rng.random_bool(0.5) {
+                    0
+                } else {
+                    rng.random_range(0..25)
+                },
+                duplicates,
+            }
+        };
     for order in 1..=orders {
         let pay = format!("pay_{order}");
         let mut group = Vec::new();
@@ -135,7 +140,13 @@ fn plan(rng: &mut StdRng, orders: i64, retained: &HashSet<i64>) -> (Vec<Vec<Plan
             kinds.push(("update", "payment.updated"));
         }
         for (tag, event_type) in kinds {
-            group.push(event(rng, format!("evt_{tag}_{order}"), event_type, Some(order), pay.clone()));
+            group.push(event(
+                rng,
+                format!("evt_{tag}_{order}"),
+                event_type,
+                Some(order),
+                pay.clone(),
+            ));
         }
         // Refunds that overtake their payment on purpose.
         if rng.random_bool(0.1) {
@@ -148,16 +159,44 @@ fn plan(rng: &mut StdRng, orders: i64, retained: &HashSet<i64>) -> (Vec<Vec<Plan
             let mut late = Vec::new();
             // The first refund or payment resent after its record was pruned,
             // and a new distinct refund.
-            late.push(event(rng, format!("evt_refund_{order}"), "payment.refunded", Some(order), pay.clone()));
-            late.push(event(rng, format!("evt_pay_{order}"), "payment.succeeded", Some(order), pay.clone()));
-            late.push(event(rng, format!("evt_refund3_{order}"), "payment.refunded", Some(order), pay.clone()));
+            late.push(event(
+                rng,
+                format!("evt_refund_{order}"),
+                "payment.refunded",
+                Some(order),
+                pay.clone(),
+            ));
+            late.push(event(
+                rng,
+                format!("evt_pay_{order}"),
+                "payment.succeeded",
+                Some(order),
+                pay.clone(),
+            ));
+            late.push(event(
+                rng,
+                format!("evt_refund3_{order}"),
+                "payment.refunded",
+                Some(order),
+                pay.clone(),
+            ));
             phase2.push(late);
         }
     }
     // Payment ids no order has.
     for n in 0..orders / 50 {
-        let kind = if n % 2 == 0 { "payment.succeeded" } else { "payment.refunded" };
-        phase1.push(vec![event(rng, format!("evt_stray_{n}"), kind, None, format!("pay_none_{n}"))]);
+        let kind = if n % 2 == 0 {
+            "payment.succeeded"
+        } else {
+            "payment.refunded"
+        };
+        phase1.push(vec![event(
+            rng,
+            format!("evt_stray_{n}"),
+            kind,
+            None,
+            format!("pay_none_{n}"),
+        )]);
     }
     (phase1, phase2)
 }
@@ -308,7 +347,10 @@ async fn wait_ingest(http: &reqwest::Client, port: u16) {
         .await
         .is_err()
     {
-        assert!(started.elapsed() < Duration::from_secs(30), "ingest on {port} never listened");
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "ingest on {port} never listened"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -326,7 +368,9 @@ async fn every_order_ends_as_the_domain_rules_say_whatever_the_interleaving() {
     let orders = setting("HISTORY_ORDERS", 2500) as i64;
     let chaos = setting("HISTORY_CHAOS", 0) == 1;
     let seed = setting("HISTORY_SEED", now_us() as u64);
-    eprintln!("history: seed {seed} (HISTORY_SEED={seed} replays this history), {orders} orders, chaos {chaos}");
+    eprintln!(
+        "history: seed {seed} (HISTORY_SEED={seed} replays this history), {orders} orders, chaos {chaos}"
+    );
     let mut rng = StdRng::seed_from_u64(seed);
     let retained: HashSet<i64> = (1..=orders).filter(|_| rng.random_bool(0.05)).collect();
     let (phase1, phase2) = plan(&mut rng, orders, &retained);
@@ -406,7 +450,8 @@ async fn every_order_ends_as_the_domain_rules_say_whatever_the_interleaving() {
             tokio::time::sleep(Duration::from_secs(4)).await;
             relays[victim % 2].signal("KILL");
             disruptions.lock().unwrap().push(now_us());
-            relays[victim % 2] = Proc::spawn("outbox-relay", &relay_env(&relay_url, &downstream.url()), &dir.0);
+            relays[victim % 2] =
+                Proc::spawn("outbox-relay", &relay_env(&relay_url, &downstream.url()), &dir.0);
             victim += 1;
             if !ingest_killed && started.elapsed() > Duration::from_secs(10) {
                 ingests[0].signal("KILL");
@@ -421,9 +466,16 @@ async fn every_order_ends_as_the_domain_rules_say_whatever_the_interleaving() {
                 restarted = true;
             }
         }
-        assert!(restarted, "the deliveries ended before the chaos: raise HISTORY_ORDERS");
+        assert!(
+            restarted,
+            "the deliveries ended before the chaos: raise HISTORY_ORDERS"
+        );
+        eprintln!("history: chaos: {victim} relays SIGKILLed, 1 ingest SIGKILLed, Postgres restarted once");
     };
     tokio::join!(delivering, chaos_loop);
+    // A fresh connection: a restart in the chaos closed the first one.
+    drop(client);
+    let client = testkit::TestDb::connect_url(&url).await;
     wait_until_drained(&client, Duration::from_secs(120)).await;
     let phase1_end: i64 = client
         .query_one("SELECT last_value FROM history_seq", &[])

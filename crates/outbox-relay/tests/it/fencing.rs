@@ -24,7 +24,9 @@ const SHORT: Duration = Duration::from_millis(100);
 const LONG: Duration = Duration::from_secs(60);
 
 async fn claim_one(client: &db::Client, owner: &str, lease: Duration) -> Option<storage::ClaimedRow> {
-    let mut rows = storage::claim_due_batch(client, 10, owner, lease, 25).await.unwrap();
+    let mut rows = storage::claim_due_batch(client, 10, owner, lease, 25)
+        .await
+        .unwrap();
     assert!(rows.len() <= 1);
     rows.pop()
 }
@@ -42,7 +44,9 @@ async fn a_stale_claims_outcome_never_matches_a_later_claim_even_after_a_requeue
 
     let stale = claim_one(&client, "relay-a", SHORT).await.expect("claimed");
     tokio::time::sleep(SHORT * 2).await;
-    let other = claim_one(&client, "relay-b", LONG).await.expect("claimed again once the lease ran out");
+    let other = claim_one(&client, "relay-b", LONG)
+        .await
+        .expect("claimed again once the lease ran out");
     let recorded = storage::record_outcomes(
         &client,
         "relay-b",
@@ -58,8 +62,13 @@ async fn a_stale_claims_outcome_never_matches_a_later_claim_even_after_a_requeue
     .unwrap();
     assert_eq!(recorded.len(), 1);
     assert_eq!(storage::requeue_dead(&client, Some(id)).await.unwrap(), 1);
-    let current = claim_one(&client, "relay-a", LONG).await.expect("claimed after the requeue");
-    assert_eq!(current.attempt, stale.attempt, "attempts were reset by the requeue");
+    let current = claim_one(&client, "relay-a", LONG)
+        .await
+        .expect("claimed after the requeue");
+    assert_eq!(
+        current.attempt, stale.attempt,
+        "attempts were reset by the requeue"
+    );
 
     let recorded = storage::record_outcomes(
         &client,
@@ -73,9 +82,14 @@ async fn a_stale_claims_outcome_never_matches_a_later_claim_even_after_a_requeue
     .await
     .unwrap();
     assert!(recorded.is_empty(), "the stale claim's outcome was recorded");
-    assert_eq!(env.row_status(id).await.0, "pending", "still held by the current claim");
     assert_eq!(
-        env.count("SELECT count(*) FROM outbox WHERE lease_owner = 'relay-a'").await,
+        env.row_status(id).await.0,
+        "pending",
+        "still held by the current claim"
+    );
+    assert_eq!(
+        env.count("SELECT count(*) FROM outbox WHERE lease_owner = 'relay-a'")
+            .await,
         1
     );
 
@@ -107,14 +121,18 @@ async fn a_row_that_takes_its_relay_down_on_every_claim_goes_dead_after_max_atte
     const MAX: u32 = 3;
 
     for n in 1..=MAX {
-        let rows = storage::claim_due_batch(&client, 10, "doomed", SHORT, MAX).await.unwrap();
+        let rows = storage::claim_due_batch(&client, 10, "doomed", SHORT, MAX)
+            .await
+            .unwrap();
         assert_eq!(rows.len(), 1, "claim {n}");
         assert_eq!(rows[0].attempt, n as i32);
         // The relay dies holding it: no outcome, the lease runs out.
         tokio::time::sleep(SHORT * 2).await;
     }
     let healthy = env.enqueue("send_confirmation", 2, "evt_2").await;
-    let rows = storage::claim_due_batch(&client, 10, "next", LONG, MAX).await.unwrap();
+    let rows = storage::claim_due_batch(&client, 10, "next", LONG, MAX)
+        .await
+        .unwrap();
     assert_eq!(
         rows.iter().map(|r| r.id).collect::<Vec<_>>(),
         [healthy],
@@ -129,6 +147,95 @@ async fn a_row_that_takes_its_relay_down_on_every_claim_goes_dead_after_max_atte
 
     // Requeued by an operator, it gets RELAY_MAX_ATTEMPTS claims again.
     assert_eq!(storage::requeue_dead(&client, Some(poison)).await.unwrap(), 1);
-    let rows = storage::claim_due_batch(&client, 10, "next", LONG, MAX).await.unwrap();
+    let rows = storage::claim_due_batch(&client, 10, "next", LONG, MAX)
+        .await
+        .unwrap();
     assert_eq!(rows.iter().map(|r| r.id).collect::<Vec<_>>(), [poison]);
+}
+
+/// A relay process stalls (SIGSTOP) with a call in flight until its lease is
+/// long gone; another relay claims the row and records it done. Resumed, the
+/// first relay's outcome belongs to a stale claim: dropped, and not counted
+/// in its dispatch metrics either.
+#[tokio::test]
+async fn a_relay_that_stalled_past_its_lease_records_and_counts_nothing() {
+    let env = env().await;
+    let r = env
+        .http
+        .post(format!("{}/control/faults", env.url()))
+        .json(&serde_json::json!({"latency_ms": "300"}))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success());
+    let id = env.enqueue("ship_order", 1, "evt_1").await;
+    let log = std::env::temp_dir().join(format!("stalled-relay-{}.log", testkit::free_port()));
+    let admin = format!("127.0.0.1:{}", testkit::free_port());
+    let url = env.url();
+    let stalled = crate::helpers::RelayProcess(
+        std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+            .env("DATABASE_URL", &env.relay_url)
+            .env("FULFILMENT_URL", &url)
+            .env("EMAIL_URL", &url)
+            .env("ADMIN_LISTEN_ADDR", &admin)
+            .env("RELAY_LEASE_SECS", "2")
+            .env("RELAY_HTTP_TIMEOUT_MS", "1500")
+            .env("LOG_FORMAT", "json")
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let started = std::time::Instant::now();
+    while env
+        .stats()
+        .await
+        .keys
+        .as_ref()
+        .and_then(|k| k.get("ship-1"))
+        .is_none_or(|k| k.requests == 0)
+    {
+        assert!(started.elapsed() < Duration::from_secs(10), "never called");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    stalled.signal("STOP");
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let _other = env.spawn_relay(&[]);
+    env.wait_for(
+        "SELECT count(*) FROM outbox WHERE status = 'done'",
+        1,
+        Duration::from_secs(10),
+    )
+    .await;
+    stalled.signal("CONT");
+    let started = std::time::Instant::now();
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("no longer ours")
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the stalled relay never tried to record: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let text = env
+        .http
+        .get(format!("http://{admin}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let metrics = testkit::metrics::Metrics::parse(&text);
+    let counted: f64 = ["done", "retry", "dead"]
+        .iter()
+        .map(|o| metrics.get("outbox_dispatch_total", &[("kind", "ship_order"), ("outcome", o)]))
+        .sum();
+    assert_eq!(counted, 0.0, "the stale outcome was counted");
+    let (status, attempts, _) = env.row_status(id).await;
+    assert_eq!((status.as_str(), attempts), ("done", 2));
+    let _ = std::fs::remove_file(&log);
 }

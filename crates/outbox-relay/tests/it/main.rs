@@ -10,5 +10,6 @@ mod helpers;
 mod network;
 mod notify;
 mod ops;
+mod refunds;
 mod retries;
 mod roles;
