@@ -242,14 +242,13 @@ impl fmt::Display for Report {
         writeln!(f)?;
         writeln!(f, "  {:<66} {:>6}  examples (order ids)", "rule", "count")?;
         for finding in &self.findings {
-            let examples: Vec<String> = finding.examples.iter().map(i64::to_string).collect();
-            writeln!(
-                f,
-                "  {:<66} {:>6}  {}",
-                finding.title,
-                finding.count,
-                examples.join(" ")
-            )?;
+            let row = format!("  {:<66} {:>6}", finding.title, finding.count);
+            if finding.examples.is_empty() {
+                writeln!(f, "{row}")?;
+            } else {
+                let examples: Vec<String> = finding.examples.iter().map(i64::to_string).collect();
+                writeln!(f, "{row}  {}", examples.join(" "))?;
+            }
         }
         writeln!(f)?;
         if self.passed() {
