@@ -82,7 +82,9 @@ say "seeded orders pay_1 .. pay_$events"
 
 "$bin/simulator" downstream --listen 127.0.0.1:0 >"$dir/downstream.out" 2>"$dir/downstream.log" &
 pids+=($!)
-for _ in $(seq 100); do [ -s "$dir/downstream.out" ] && break; sleep 0.05; done
+# Generous: on a loaded machine (a build beside it) the first start can take seconds.
+for _ in $(seq 600); do [ -s "$dir/downstream.out" ] && break; sleep 0.05; done
+[ -s "$dir/downstream.out" ] || { say "the downstream did not start; its log:"; tail -n 20 "$dir/downstream.log" >&2; exit 1; }
 downstream=http://$(sed -n 's/.*"listening":"\([^"]*\)".*/\1/p' "$dir/downstream.out" | head -1)
 say "downstream APIs (fulfilment, email) on $downstream"
 
