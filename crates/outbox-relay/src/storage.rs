@@ -66,8 +66,9 @@ WITH due AS (
            status = CASE WHEN o.attempts < $4 THEN 'pending' ELSE 'dead' END,
            finished_at = CASE WHEN o.attempts < $4 THEN NULL ELSE now() END,
            last_error = CASE WHEN o.attempts < $4 THEN o.last_error
-                             ELSE format('claimed %s times and no outcome was ever recorded (a relay died '
-                                         'or stalled each time it held this row); last error: %s',
+                             ELSE format('no attempt left: claimed %s times, the last with no outcome '
+                                         'recorded (the relay holding it died or stalled; or '
+                                         'RELAY_MAX_ATTEMPTS was lowered); last error: %s',
                                          o.attempts, coalesce(o.last_error, 'none')) END
       FROM due
      WHERE o.id = due.id
