@@ -1614,9 +1614,10 @@ SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint || '|' || (SELECT to
         """The relay's claim as the relay runs it (a prepared statement, batch 50),
         12 times, each rolled back; median of the last 7 (generic plan by then)."""
         claim = self.claim_sql()
-        parts = [f"PREPARE bench_claim(int8, text, int8) AS {claim};"]
+        # batch size, lease owner, lease in ms, RELAY_MAX_ATTEMPTS
+        parts = [f"PREPARE bench_claim(int8, text, int8, int4) AS {claim};"]
         for _ in range(12):
-            parts.append("BEGIN; EXPLAIN (ANALYZE, BUFFERS) EXECUTE bench_claim(50, 'bench-claim', 60000); "
+            parts.append("BEGIN; EXPLAIN (ANALYZE, BUFFERS) EXECUTE bench_claim(50, 'bench-claim', 60000, 25); "
                          "ROLLBACK;")
         parts.append("SELECT 'pending=' || count(*) FROM outbox WHERE status = 'pending';")
         parts.append("SELECT 'done=' || count(*) FROM outbox WHERE status = 'done';")
