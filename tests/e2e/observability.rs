@@ -362,10 +362,12 @@ async fn logs_carry_the_event_and_trace_ids_and_no_secret() {
     let retry = relay_log
         .lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .find(|v| v["message"].as_str().is_some_and(|m| m.contains("retry")))
+        .find(|v| v["message"] == "downstream call finished" && v["outcome"] == "retry")
         .expect("a line for the failed ship attempt");
     assert_eq!(retry["event_id"], "evt_logged");
     assert_eq!(retry["trace_id"], PROVIDER_TRACE);
     assert_eq!(retry["idempotency_key"], "ship-5");
     assert_eq!(retry["attempt"], 1);
+    assert_eq!(retry["kind"], "ship_order");
+    assert!(retry["outbox_id"].is_i64() && retry["duration_ms"].is_number());
 }
