@@ -71,24 +71,30 @@ impl Visit for LiftVisitor<'_> {
     }
 }
 
-/// An event's own fields: `message` and the rest.
-struct EventVisitor(serde_json::Map<String, serde_json::Value>);
+/// An event's own fields: `message` and the rest, in the order recorded.
+struct EventVisitor(Vec<(&'static str, serde_json::Value)>);
+
+impl EventVisitor {
+    fn put(&mut self, field: &Field, value: serde_json::Value) {
+        self.0.push((field.name(), value));
+    }
+}
 
 impl Visit for EventVisitor {
     fn record_str(&mut self, field: &Field, value: &str) {
-        self.0.insert(field.name().to_owned(), value.into());
+        self.put(field, value.into());
     }
     fn record_i64(&mut self, field: &Field, value: i64) {
-        self.0.insert(field.name().to_owned(), value.into());
+        self.put(field, value.into());
     }
     fn record_u64(&mut self, field: &Field, value: u64) {
-        self.0.insert(field.name().to_owned(), value.into());
+        self.put(field, value.into());
     }
     fn record_f64(&mut self, field: &Field, value: f64) {
-        self.0.insert(field.name().to_owned(), value.into());
+        self.put(field, value.into());
     }
     fn record_bool(&mut self, field: &Field, value: bool) {
-        self.0.insert(field.name().to_owned(), value.into());
+        self.put(field, value.into());
     }
     fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
         // The whole cause chain, on one line.
@@ -99,11 +105,53 @@ impl Visit for EventVisitor {
             text.push_str(&s.to_string());
             source = s.source();
         }
-        self.0.insert(field.name().to_owned(), text.into());
+        self.put(field, text.into());
     }
     fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        self.0
-            .insert(field.name().to_owned(), format!("{value:?}").into());
+        self.put(field, format!("{value:?}").into());
+    }
+}
+
+/// One JSON object written straight into a buffer: no map is built (a line
+/// per downstream call is on the relay's hot path), and a key already
+/// written is skipped, so the first writer of a key wins.
+struct Line {
+    buf: Vec<u8>,
+    keys: Vec<&'static str>,
+}
+
+impl Line {
+    fn new() -> Self {
+        let mut buf = Vec::with_capacity(512);
+        buf.push(b'{');
+        Self {
+            buf,
+            keys: Vec::with_capacity(16),
+        }
+    }
+
+    fn key(&mut self, key: &'static str) -> bool {
+        if self.keys.contains(&key) {
+            return false;
+        }
+        if !self.keys.is_empty() {
+            self.buf.push(b',');
+        }
+        self.keys.push(key);
+        let _ = serde_json::to_writer(&mut self.buf, key);
+        self.buf.push(b':');
+        true
+    }
+
+    fn put(&mut self, key: &'static str, value: &(impl serde::Serialize + ?Sized)) {
+        if self.key(key) {
+            let _ = serde_json::to_writer(&mut self.buf, value);
+        }
+    }
+
+    fn finish(mut self) -> Vec<u8> {
+        self.buf.extend_from_slice(b"}\n");
+        self.buf
     }
 }
 
@@ -131,41 +179,41 @@ where
     }
 
     fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
-        let mut line = serde_json::Map::new();
+        let mut line = Line::new();
         let now = time::OffsetDateTime::now_utc();
-        let ts = now
-            .format(&time::format_description::well_known::Rfc3339)
-            .unwrap_or_default();
-        line.insert("timestamp".into(), ts.into());
-        line.insert("level".into(), event.metadata().level().as_str().into());
-        line.insert("target".into(), event.metadata().target().into());
-        let mut fields = EventVisitor(serde_json::Map::new());
+        if line.key("timestamp") {
+            line.buf.push(b'"');
+            let _ = now.format_into(&mut line.buf, &time::format_description::well_known::Rfc3339);
+            line.buf.push(b'"');
+        }
+        line.put("level", event.metadata().level().as_str());
+        line.put("target", event.metadata().target());
+        let mut fields = EventVisitor(Vec::new());
         event.record(&mut fields);
-        if let Some(message) = fields.0.remove("message") {
-            line.insert("message".into(), message);
+        if let Some((_, message)) = fields.0.iter().find(|(k, _)| *k == "message") {
+            line.put("message", message);
         }
         if let Some(scope) = ctx.event_scope(event) {
-            // Root first, so inner spans override outer ones.
+            // Innermost span first: its fields win over outer ones'.
             let mut innermost = None;
-            for span in scope.from_root() {
+            for span in scope {
+                innermost.get_or_insert_with(|| span.id());
                 let ext = span.extensions();
                 if let Some(lifted) = ext.get::<Lifted>() {
                     for (key, value) in &lifted.0 {
-                        line.insert((*key).to_owned(), value.clone());
+                        line.put(key, value);
                     }
                 }
-                innermost = Some(span.id());
             }
             if let Some((trace_id, span_id)) = innermost.and_then(|id| trace_ids(&id)) {
-                line.insert("trace_id".into(), trace_id.into());
-                line.insert("span_id".into(), span_id.into());
+                line.put("trace_id", &trace_id);
+                line.put("span_id", &span_id);
             }
         }
-        for (k, v) in fields.0 {
-            line.entry(k).or_insert(v);
+        for (key, value) in &fields.0 {
+            line.put(key, value);
         }
-        let mut bytes = serde_json::to_vec(&serde_json::Value::Object(line)).unwrap_or_default();
-        bytes.push(b'\n');
+        let bytes = line.finish();
         // One write per line, so concurrent lines never interleave.
         let _ = std::io::stdout().lock().write_all(&bytes);
     }
