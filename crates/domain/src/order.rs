@@ -233,13 +233,13 @@ mod tests {
     /// never be re-entered.
     #[test]
     fn no_sequence_of_events_enqueues_a_command_twice() {
-        fn walk(state: OrderStatus, seen: &mut Vec<CommandKind>, depth: usize) {
+        fn walk(state: OrderStatus, seen: &[CommandKind], depth: usize) {
             if depth == 0 {
                 return;
             }
             for kind in KINDS {
                 let t = transition(kind, Some(state));
-                let mut seen = seen.clone();
+                let mut seen = seen.to_vec();
                 for command in t.enqueue {
                     assert!(
                         !seen.contains(command),
@@ -250,10 +250,10 @@ mod tests {
                 if state == OrderStatus::Refunded {
                     assert!(!t.enqueue.contains(&CommandKind::ShipOrder));
                 }
-                walk(t.set_status.unwrap_or(state), &mut seen, depth - 1);
+                walk(t.set_status.unwrap_or(state), &seen, depth - 1);
             }
         }
-        walk(OrderStatus::Pending, &mut Vec::new(), 6);
+        walk(OrderStatus::Pending, &[], 6);
     }
 
     #[test]
