@@ -562,7 +562,9 @@ pub fn check(e: &Evidence) -> Report {
                             c.effect
                                 && !c.hung
                                 && (200..300).contains(&c.status)
-                                && ((c.ended_us - c.arrived_us) as i64) < e.http_timeout_us / 2
+                                // Answered within a quarter of the relay's timeout:
+                            // the relay got it, unless it stalled for the rest.
+                            && ((c.ended_us - c.arrived_us) as i64) < e.http_timeout_us / 4
                         });
                     if let Some(call) = prompt {
                         let excused = e
