@@ -1,4 +1,4 @@
-# The commands a newcomer needs: `make run`, `make test`. CI runs `make test`.
+# The commands a newcomer needs: `make run`, `make test`. CI runs `make lint`, then `make test`.
 # Without DATABASE_URL, every target that needs Postgres starts (and the first
 # time creates) a throwaway local cluster: see scripts/pg-cluster.sh.
 
@@ -61,7 +61,7 @@ db-url:
 db-stop:
 	@scripts/pg-cluster.sh stop
 
-## The benchmark (SPEC section 8): a table, target/bench/report.json and report.md.
+## The benchmark (README, Performance): a table, target/bench/report.json and report.md.
 ## BENCH_QUICK=1 for a short run (under 2 minutes); see scripts/bench.py.
 bench: release
 	scripts/with-db.sh python3 scripts/bench.py

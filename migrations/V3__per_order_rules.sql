@@ -1,5 +1,4 @@
--- Exactly once per ORDER, not only per idempotency key (SPEC section 4, the
--- paragraph under the table):
+-- Exactly once per ORDER, not only per idempotency key (README, Guarantees):
 --
 -- 1. A refund stops the order's shipment with an upsert on its key (see
 --    crates/webhook-ingest/src/storage.rs): a row not yet sent, or dead,

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""`make bench`: the benchmark report of SPEC section 8, measured in ONE run on ONE
+"""`make bench`: the benchmark report of README, Performance, measured in ONE run on ONE
 Postgres server (DATABASE_URL, an admin URL allowed to CREATE DATABASE).
 
     make bench                  # full: about 8 minutes
@@ -8,7 +8,7 @@ Postgres server (DATABASE_URL, an admin URL allowed to CREATE DATABASE).
 What it does, in order (each phase's wall time is in the report):
 
  1. setup     databases bench_product (migrated, 1M orders, some history),
-              bench_ref (../shared/bench/schema.sql), bench_peer (empty); the
+              bench_ref (bench/schema.sql), bench_peer (empty); the
               downstream simulator; the peer's node_modules (once).
  2. ingest    closed loop at 1, 16 and 64 senders (signed, 10% duplicates),
               each beside pgbench running both reference files at the same
@@ -22,7 +22,7 @@ What it does, in order (each phase's wall time is in the report):
  6. e2e       webhook accepted -> downstream effect, idle (events one by one)
               and while a provider load runs at half of peak.
  7. tracing   a short 64-sender run with and without OTLP export (to a local sink).
- 7b. relay_log the relay's log line per call (SPEC section 6): drains with it on
+ 7b. relay_log the relay's log line per call (README, Tracing one event): drains with it on
               (the default level) and off (RUST_LOG=warn), alternated on, off,
               off, on; the ratio of the rates is its cost.
  8. prune     retention under load: 1M done outbox rows and 1M processed events
@@ -71,7 +71,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BIN = ROOT / "target" / "release"
 OUT = ROOT / "target" / "bench"
 LOGS = OUT / "logs"
-SHARED_BENCH = (ROOT / ".." / "shared" / "bench").resolve()
+BENCH_REFERENCES = ROOT / "bench"
 QUICK = os.environ.get("BENCH_QUICK", "") not in ("", "0", "false", "no")
 
 # Sizes and durations per mode. BENCH_SECS overrides the ingest run length.
@@ -519,10 +519,10 @@ class Reference:
 
     def create(self) -> None:
         self.db.recreate(self.DB)
-        self.db.sql(self.DB, (SHARED_BENCH / "schema.sql").read_text(), timeout=300)
+        self.db.sql(self.DB, (BENCH_REFERENCES / "schema.sql").read_text(), timeout=300)
 
     def reset(self) -> None:
-        # As ../shared/bench/README.md says: empty the written tables, reset the orders.
+        # As bench/README.md says: empty the written tables, reset the orders.
         self.db.sql(self.DB, """
 TRUNCATE processed_events, outbox;
 UPDATE orders SET status = 'pending', paid_at = NULL WHERE status <> 'pending';
@@ -1052,8 +1052,8 @@ class Bench:
             if not shutil.which(tool):
                 raise BenchError(f"`{tool}` is not on PATH; the bench needs it")
         for f in ("schema.sql", "reference-ingest.sql", "reference-ingest-one-statement.sql", "peer/peer.js"):
-            if not (SHARED_BENCH / f).exists():
-                raise BenchError(f"{SHARED_BENCH / f} is missing")
+            if not (BENCH_REFERENCES / f).exists():
+                raise BenchError(f"{BENCH_REFERENCES / f} is missing")
         # The three databases, the peer's dependencies: in parallel, nothing is measured yet.
         peer = threading.Thread(target=self.prepare_peer, daemon=True)
         peer.start()
@@ -1092,11 +1092,11 @@ class Bench:
         dst = OUT / "peer"
         try:
             dst.mkdir(parents=True, exist_ok=True)
-            for f in ("package.json", "peer.js", "README.md"):
+            for f in ("package.json", "peer.js"):
                 target = dst / f
                 if target.exists():
                     target.chmod(0o644)
-                shutil.copyfile(SHARED_BENCH / "peer" / f, target)
+                shutil.copyfile(BENCH_REFERENCES / "peer" / f, target)
             if (dst / "node_modules" / "graphile-worker").is_dir():
                 return
             log("  peer: installing graphile-worker (npm, once)")
@@ -1127,7 +1127,7 @@ class Bench:
             for name, file in (("reference", "reference-ingest.sql"),
                                ("one_statement", "reference-ingest-one-statement.sql")):
                 self.ref.reset()
-                ref_runs[name] = pgbench(self.db, SHARED_BENCH / file, c, secs, f"{name}-c{c}")
+                ref_runs[name] = pgbench(self.db, BENCH_REFERENCES / file, c, secs, f"{name}-c{c}")
             runs[c] = {"ours": ours, **ref_runs}
             log(f"  c{c:<3} ours {ours['requests_per_s']:>8,.0f} req/s  p50 {ours['p50_ms']} p99 {ours['p99_ms']} ms"
                 f" ({ours['outbox_pending_after']:,} pending outbox rows at the end, "
@@ -1784,7 +1784,7 @@ VACUUM ANALYZE orders; VACUUM ANALYZE outbox; VACUUM ANALYZE processed_events; C
 # The report.
 
 TARGETS = [
-    # key, comparison, threshold, what SPEC section 8 says
+    # key, comparison, threshold, what the targets say
     ("ingest_vs_reference_c64", ">=", 1.0, "ingest at 64 clients >= the naive reference (pgbench)"),
     ("ingest_vs_one_statement_c64", ">=", 1.0,
      "as close as possible to the one-statement reference (stretch: 1.0)"),
@@ -1909,7 +1909,7 @@ def tables(r: dict, md: bool) -> str:
 
     rows = [[t["key"], fmt(t["value"], 2), t["target"],
              {True: "met", False: "NOT MET", None: "n/a"}[t["met"]]] for t in r.get("targets", [])]
-    parts.append("**SPEC section 8 targets**" if md else "SPEC SECTION 8 TARGETS")
+    parts.append("**Targets**" if md else "TARGETS")
     parts.append(table(["key", "value", "target", ""], rows))
     if md:
         parts.append("\n".join(f"- {n}" for n in r.get("notes", [])

@@ -72,7 +72,7 @@ OUR_BINARIES = ("webhook-ingest", "outbox-relay")
 ALWAYS_ACCEPTED = re.compile(r"^(OTEL_[A-Z0-9_]+|RUST_LOG)$")
 
 # Used only when a binary is not built and DEPLOY_CHECK_ALLOW_MISSING_BINARIES=1:
-# the variables of SPEC section 2 (and their defaults). The real `--help`
+# the documented variables (README, Configuration) (and their defaults). The real `--help`
 # always wins once the binary exists.
 DOCUMENTED_VARIABLES = {
     "webhook-ingest": {
@@ -121,7 +121,7 @@ REQUIRED_VARIABLES = {
 # the manifests.
 HEALTHZ, READYZ, METRICS = "/healthz", "/readyz", "/metrics"
 
-# SPEC section 6: metric names and label values.
+# The documented metric names and label values.
 INGEST_OUTCOMES = {
     "processed", "refunded", "ignored", "unmatched", "already_paid", "order_refunded",
     "duplicate", "invalid_signature", "malformed", "too_large", "unavailable", "internal_error",
@@ -131,7 +131,7 @@ DISPATCH_OUTCOMES = {"done", "retry", "dead"}
 COUNTERS = {"webhook_requests_total", "outbox_dispatch_total"}
 GAUGES = {"outbox_pending", "outbox_oldest_pending_age_seconds", "outbox_dead"}
 HISTOGRAMS = {"webhook_request_duration_seconds", "outbox_dispatch_duration_seconds", "outbox_enqueue_to_done_seconds"}
-# Ours beyond SPEC section 6: the relay's periodic pruner.
+# Ours beyond the documented list: the relay's periodic pruner.
 EXTRA_COUNTERS = {"outbox_prune_runs_total", "outbox_pruned_rows_total"}
 KNOWN_SERIES = (COUNTERS | GAUGES | EXTRA_COUNTERS
                 | {h + s for h in HISTOGRAMS for s in ("_bucket", "_sum", "_count")})
@@ -268,7 +268,7 @@ class Binaries:
             # The other checks go on against the documented variables, so the
             # one failure reported is this one.
             problem = f"{binary} binary not built yet ({rel(exe)}): build it (make build) or set DEPLOY_CHECK_ALLOW_MISSING_BINARIES=1"
-            return Cli(binary, subcommand, dict(DOCUMENTED_VARIABLES[binary]), "SPEC section 2 (binary missing)"), problem
+            return Cli(binary, subcommand, dict(DOCUMENTED_VARIABLES[binary]), "the documented variables (binary missing)"), problem
         command = [str(exe), *subcommand, "--help"]
         # A clean environment: clap prints the current value of a variable that
         # is set ([env: NAME=value]); none must leak in (or out, for secrets).
@@ -1448,7 +1448,7 @@ def check_alert_rules(ctx: Context) -> list[str]:
                 for m in METRIC_SELECTOR.finditer(expr):
                     metric, selector = m.group(1), m.group(2) or ""
                     if metric.startswith(("webhook_", "outbox_")) and metric not in KNOWN_SERIES:
-                        problems.append(f"{name}: `{metric}` is not a metric of SPEC section 6 or of ours")
+                        problems.append(f"{name}: `{metric}` is not a documented metric")
                     for label, op, value in MATCHER.findall(selector):
                         allowed = LABEL_VALUES.get(metric, {}).get(label)
                         if metric == "up" and label == "job" and op == "=" and value not in scraped_jobs:
@@ -1458,7 +1458,7 @@ def check_alert_rules(ctx: Context) -> list[str]:
                         values = value.split("|") if op in ("=~", "!~") else [value]
                         for v in values:
                             if v not in allowed:
-                                problems.append(f"{name}: {metric}{{{label}}} has no value `{v}` (SPEC: {', '.join(sorted(allowed))})")
+                                problems.append(f"{name}: {metric}{{{label}}} has no value `{v}` (documented: {', '.join(sorted(allowed))})")
                 if rule.get("alert"):
                     anchor = rule["alert"].lower()
                     if anchor not in headings:
@@ -1591,7 +1591,7 @@ def main() -> int:
         if problem is None:
             report.check(f"{binary} --help lists its variables", [], f"{len(cli.variables)} [env: ...] entries")
         elif cli is not None and allow_missing:
-            report.skip(f"{binary} --help", f"{problem.split(':')[0]}; checking against SPEC section 2 instead (DEPLOY_CHECK_ALLOW_MISSING_BINARIES=1)")
+            report.skip(f"{binary} --help", f"{problem.split(':')[0]}; checking against the documented variables instead (DEPLOY_CHECK_ALLOW_MISSING_BINARIES=1)")
         else:
             report.check(f"{binary} --help lists its variables", [problem])
 
@@ -1695,7 +1695,7 @@ def main() -> int:
         report.check(f"[{label}] autoscalers: one per workload" + (", KEDA query = count_due.sql" if has_keda else ""), problems)
         report.check(f"[{label}] no Secret rendered; referenced Secrets documented", check_secrets(ctx))
         if find(objs, "PrometheusRule"):
-            report.check(f"[{label}] alerts use SPEC metrics and have runbook sections", check_alert_rules(ctx))
+            report.check(f"[{label}] alerts use documented metrics and have runbook sections", check_alert_rules(ctx))
         if label == "otel-collector":
             report.check(f"[{label}] collector pipelines are complete", check_collector_config(objs))
     return report.summary()

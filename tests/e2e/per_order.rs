@@ -1,4 +1,4 @@
-//! Exactly once per ORDER (SPEC section 4, under the table): the three ways
+//! Exactly once per ORDER (README, Guarantees): the three ways
 //! distinct events of one order broke it, each replayed as a test.
 //!
 //! 1. A payment and a refund at the same moment: the refund must stop the

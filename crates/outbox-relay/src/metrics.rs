@@ -1,4 +1,4 @@
-//! The relay's Prometheus metrics (SPEC section 6). Gauges read from the
+//! The relay's Prometheus metrics (README, Operating it). Gauges read from the
 //! database are refreshed on an interval by one task, not per scrape.
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -42,7 +42,7 @@ pub struct RelayMetrics {
     pub oldest_pending_age: Gauge<f64, AtomicU64>,
     pub dead: Gauge,
     pub enqueue_to_done: Histogram,
-    /// Beyond SPEC section 6: the periodic pruner's runs and what they
+    /// Beyond the documented list: the periodic pruner's runs and what they
     /// deleted, so that retention failing (and tables growing) can alert.
     pub prune_runs: Family<PruneResult, Counter>,
     pub pruned_rows: Family<TableLabel, Counter>,

@@ -16,7 +16,7 @@ use crate::metrics::RelayMetrics;
 use crate::worker::{LoopHealth, Relay};
 use crate::{listener, storage};
 
-/// How often the database-derived gauges are refreshed (SPEC: at least every 10 s).
+/// How often the database-derived gauges are refreshed (documented: at least every 10 s).
 const GAUGE_REFRESH: Duration = Duration::from_secs(5);
 
 pub struct Application {

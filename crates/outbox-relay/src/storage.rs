@@ -321,7 +321,7 @@ pub struct DeadRow {
     pub idempotency_key: String,
     pub attempts: i32,
     pub last_error: Option<String>,
-    /// Seconds since the row was enqueued (`age`, as SPEC section 2 names it).
+    /// Seconds since the row was enqueued (`age`, as `dead list --json` names it).
     #[serde(rename = "age")]
     pub age_seconds: f64,
     pub event_id: String,

@@ -20,7 +20,7 @@
 //!   used up), so its room is freed like any other's.
 //! - One log line per finished call (done, retry or dead; none for a row
 //!   released unsent), inside the row's `outbox.dispatch` span so that it
-//!   carries the event's `event_id`, `trace_id` and `span_id` (SPEC section 6).
+//!   carries the event's `event_id`, `trace_id` and `span_id` (README, Tracing one event).
 //!
 //! [`Relay::relay_once`] runs one claim-send-record cycle to completion, for
 //! tests and tools that want to drain deterministically.
@@ -318,7 +318,7 @@ impl Relay {
         self.deliver_in_span(row).instrument(span).await
     }
 
-    /// The call, then its one log line (SPEC section 6): `outcome`,
+    /// The call, then its one log line (README, Tracing one event): `outcome`,
     /// `http_status` (absent when no answer came: a timeout, a connection
     /// error, a payload never sent), `duration_ms`, and for a failure the
     /// `error`; the span lifts `event_id`, `outbox_id`, `kind`, `attempt`,

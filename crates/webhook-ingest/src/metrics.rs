@@ -1,4 +1,4 @@
-//! The ingest's Prometheus metrics (SPEC section 6).
+//! The ingest's Prometheus metrics (README, Operating it).
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;

@@ -17,7 +17,7 @@
 //!
 //! A rule is broken only when the evidence is certain: "claimed after its
 //! refund" needs a claim the database clocked after the provider already
-//! held the refund's answer. The allowed exception of SPEC section 4 (a
+//! held the refund's answer. The allowed exception of the guarantee (a
 //! shipment whose call was under way when the refund committed, and then
 //! succeeded) is exactly what a claim before the refund's commit permits.
 

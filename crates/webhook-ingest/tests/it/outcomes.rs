@@ -1,4 +1,4 @@
-//! Each remaining row of SPEC section 4's table.
+//! Each remaining row of the README's table of what the provider sees.
 
 use crate::helpers::{SECRET, TestApp, event, now, spawn_app, standard_headers};
 
