@@ -411,6 +411,20 @@ pub async fn post_signed(
     secret: &str,
     extra: &[(&str, &str)],
 ) -> reqwest::Response {
+    try_post_signed(http, ingest_url, body, secret, extra)
+        .await
+        .unwrap()
+}
+
+/// [`post_signed`], with the transport's error (a timeout, a refused
+/// connection) for the caller to retry on, as a provider does.
+pub async fn try_post_signed(
+    http: &reqwest::Client,
+    ingest_url: &str,
+    body: &str,
+    secret: &str,
+    extra: &[(&str, &str)],
+) -> reqwest::Result<reqwest::Response> {
     let key = signature::Secret::parse(signature::Scheme::Standard, secret).unwrap();
     let ts = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() as i64;
     let msg_id = format!("msg_{ts}_{}", body.len());
@@ -427,7 +441,7 @@ pub async fn post_signed(
     for (k, v) in extra {
         req = req.header(*k, *v);
     }
-    req.send().await.unwrap()
+    req.send().await
 }
 
 pub fn event(id: &str, kind: &str, payment_id: &str) -> String {

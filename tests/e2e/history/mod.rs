@@ -33,7 +33,7 @@ use simulator::downstream::{DownstreamConfig, Faults, Latency};
 use testkit::{PrivateCluster, Role};
 
 use self::check::{Claim, Delivery, Evidence, KeyRecord, RowWrite};
-use crate::harness::{Proc, SECRET, TempDir};
+use crate::harness::{Proc, SECRET, TempDir, try_post_signed, wait_ready};
 
 fn setting(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -201,13 +201,6 @@ fn plan(rng: &mut StdRng, orders: i64, retained: &HashSet<i64>) -> (Vec<Vec<Plan
     (phase1, phase2)
 }
 
-fn body(p: &Planned) -> String {
-    format!(
-        r#"{{"id":"{}","type":"{}","created":1700000000,"data":{{"payment_id":"{}","amount":4200,"currency":"gbp"}}}}"#,
-        p.id, p.event_type, p.payment_id
-    )
-}
-
 /// Delivers one event until it gets a 200 (a provider retries on anything
 /// else, and on its own timeout), recording every attempt.
 async fn deliver(
@@ -217,28 +210,14 @@ async fn deliver(
     phase: u8,
     log: &Mutex<Vec<Delivery>>,
 ) {
-    let key = signature::Secret::parse(signature::Scheme::Standard, SECRET).unwrap();
-    let body = body(p);
+    let body = crate::harness::event(&p.id, p.event_type, &p.payment_id);
     let started = Instant::now();
     let mut attempt = 0usize;
     loop {
         let target = &ingests[(attempt + p.id.len()) % ingests.len()];
         attempt += 1;
-        let ts = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() as i64;
-        let msg_id = format!("msg_{}", p.id);
         let sent_us = now_us();
-        let result = http
-            .post(format!("{target}/webhooks/payments"))
-            .header("content-type", "application/json")
-            .header("webhook-id", &msg_id)
-            .header("webhook-timestamp", ts.to_string())
-            .header(
-                "webhook-signature",
-                signature::sign_standard(&key, &msg_id, ts, body.as_bytes()),
-            )
-            .body(body.clone())
-            .send()
-            .await;
+        let result = try_post_signed(http, target, &body, SECRET, &[]).await;
         let (status, outcome) = match result {
             Ok(response) => {
                 let status = response.status().as_u16();
@@ -299,12 +278,12 @@ async fn deliver_all(
         .await;
 }
 
-fn ingest_env(url: &str, port: u16) -> Vec<(String, String)> {
+fn ingest_env(url: &str, port: u16, admin: u16) -> Vec<(String, String)> {
     vec![
         ("DATABASE_URL".into(), url.into()),
         ("WEBHOOK_SECRETS".into(), SECRET.into()),
         ("INGEST_LISTEN_ADDR".into(), format!("127.0.0.1:{port}")),
-        ("ADMIN_LISTEN_ADDR".into(), "127.0.0.1:0".into()),
+        ("ADMIN_LISTEN_ADDR".into(), format!("127.0.0.1:{admin}")),
         ("INGEST_DEADLINE_MS".into(), "3000".into()),
         ("LOG_FORMAT".into(), "json".into()),
         ("RUST_LOG".into(), "warn".into()),
@@ -336,22 +315,6 @@ async fn wait_until_drained(client: &tokio_postgres::Client, timeout: Duration) 
         }
         assert!(started.elapsed() < timeout, "{left} rows still pending");
         tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-async fn wait_ingest(http: &reqwest::Client, port: u16) {
-    let started = Instant::now();
-    while http
-        .get(format!("http://127.0.0.1:{port}/webhooks/payments"))
-        .send()
-        .await
-        .is_err()
-    {
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "ingest on {port} never listened"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -413,9 +376,15 @@ async fn every_order_ends_as_the_domain_rules_say_whatever_the_interleaving() {
     .unwrap();
 
     let ports = [testkit::free_port(), testkit::free_port()];
-    let mut ingests: Vec<Proc> = ports
-        .iter()
-        .map(|port| Proc::spawn("webhook-ingest", &ingest_env(&ingest_url, *port), &dir.0))
+    let admins = [testkit::free_port(), testkit::free_port()];
+    let mut ingests: Vec<Proc> = (0..2)
+        .map(|i| {
+            Proc::spawn(
+                "webhook-ingest",
+                &ingest_env(&ingest_url, ports[i], admins[i]),
+                &dir.0,
+            )
+        })
         .collect();
     let mut relays: Vec<Proc> = (0..2)
         .map(|_| Proc::spawn("outbox-relay", &relay_env(&relay_url, &downstream.url()), &dir.0))
@@ -427,8 +396,8 @@ async fn every_order_ends_as_the_domain_rules_say_whatever_the_interleaving() {
         .pool_max_idle_per_host(64)
         .build()
         .unwrap();
-    for port in ports {
-        wait_ingest(&http, port).await;
+    for admin in admins {
+        wait_ready(&http, &format!("http://127.0.0.1:{admin}")).await;
     }
 
     // Phase 1, with the chaos beside it in soak runs.
@@ -456,7 +425,11 @@ async fn every_order_ends_as_the_domain_rules_say_whatever_the_interleaving() {
             if !ingest_killed && started.elapsed() > Duration::from_secs(10) {
                 ingests[0].signal("KILL");
                 let _ = ingests[0].child.wait();
-                ingests[0] = Proc::spawn("webhook-ingest", &ingest_env(&ingest_url, ports[0]), &dir.0);
+                ingests[0] = Proc::spawn(
+                    "webhook-ingest",
+                    &ingest_env(&ingest_url, ports[0], admins[0]),
+                    &dir.0,
+                );
                 ingest_killed = true;
             } else if ingest_killed && !restarted && started.elapsed() > Duration::from_secs(20) {
                 cluster.stop().expect("fast shutdown");

@@ -5,24 +5,13 @@ use std::time::{Duration, Instant};
 
 use crate::helpers::env;
 
-async fn set_latency(env: &crate::helpers::Env, latency: &str) {
-    let r = env
-        .http
-        .post(format!("{}/control/faults", env.url()))
-        .json(&serde_json::json!({"latency_ms": latency}))
-        .send()
-        .await
-        .unwrap();
-    assert!(r.status().is_success());
-}
-
 /// The first relay dies holding leases with calls in flight; the second takes
 /// the rows once the leases expire. Whatever the number of requests per key,
 /// the downstream shows one effect per key.
 #[tokio::test]
 async fn a_killed_relays_rows_are_completed_by_another_after_the_lease() {
     let env = env().await;
-    set_latency(&env, "1500").await;
+    env.set_latency("1500").await;
     env.seed(1, 20).await;
     let lease = [
         ("RELAY_LEASE_SECS", "3"),
@@ -53,7 +42,7 @@ async fn a_killed_relays_rows_are_completed_by_another_after_the_lease() {
         0
     );
 
-    set_latency(&env, "0").await;
+    env.set_latency("0").await;
     let second = env.spawn_relay(&lease);
     env.wait_for(
         "SELECT count(*) FROM outbox WHERE status = 'done'",
@@ -89,7 +78,7 @@ async fn a_killed_relays_rows_are_completed_by_another_after_the_lease() {
 #[tokio::test]
 async fn sigterm_exits_0_in_time_and_leaves_no_row_leased() {
     let env = env().await;
-    set_latency(&env, "400").await;
+    env.set_latency("400").await;
     env.seed(1, 300).await;
     let relay = env.spawn_relay(&[
         ("RELAY_CONCURRENCY", "8"),

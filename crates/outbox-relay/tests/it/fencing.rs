@@ -160,14 +160,7 @@ async fn a_row_that_takes_its_relay_down_on_every_claim_goes_dead_after_max_atte
 #[tokio::test]
 async fn a_relay_that_stalled_past_its_lease_records_and_counts_nothing() {
     let env = env().await;
-    let r = env
-        .http
-        .post(format!("{}/control/faults", env.url()))
-        .json(&serde_json::json!({"latency_ms": "300"}))
-        .send()
-        .await
-        .unwrap();
-    assert!(r.status().is_success());
+    env.set_latency("300").await;
     let id = env.enqueue("ship_order", 1, "evt_1").await;
     let log = std::env::temp_dir().join(format!("stalled-relay-{}.log", testkit::free_port()));
     let admin = format!("127.0.0.1:{}", testkit::free_port());

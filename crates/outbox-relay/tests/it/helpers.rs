@@ -143,6 +143,19 @@ impl Env {
         self.downstream.stats()
     }
 
+    /// The downstream's latency for every call (`"1500"`, `"0..30"`, ...):
+    /// long enough for calls to be in flight when a test acts.
+    pub async fn set_latency(&self, latency: &str) {
+        let r = self
+            .http
+            .post(format!("{}/control/faults", self.url()))
+            .json(&serde_json::json!({ "latency_ms": latency }))
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "setting latency: {}", r.status());
+    }
+
     /// Scripted answers for one key, e.g. `[500, 500, 200]`.
     pub async fn script(&self, key: &str, responses: serde_json::Value) {
         let r = self

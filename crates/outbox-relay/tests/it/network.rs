@@ -109,22 +109,10 @@ const HEADER: &str = "phase                            ms  calls   done | reques
 const HELD_PAST_LEASE: &str = "SELECT count(*) FROM outbox
   WHERE status = 'pending' AND lease_owner IS NOT NULL AND leased_until < now()";
 
-/// Sets the downstream's own latency, so that draining takes long enough
-/// for every fault to meet calls in flight.
-async fn set_downstream_latency(env: &Env, latency: &str) {
-    let r = testkit::http()
-        .post(format!("{}/control/faults", env.url()))
-        .json(&serde_json::json!({ "latency_ms": latency }))
-        .send()
-        .await
-        .unwrap();
-    assert!(r.status().is_success(), "{}", r.status());
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn network_faults_between_relay_and_downstream_never_double_an_effect() {
     let env = env().await;
-    set_downstream_latency(&env, "20").await;
+    env.set_latency("20").await;
     let upstream: SocketAddr = env
         .url()
         .trim_start_matches("http://")

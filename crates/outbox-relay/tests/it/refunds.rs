@@ -11,14 +11,7 @@ use crate::helpers::env;
 #[tokio::test]
 async fn a_shipment_cancelled_while_it_waits_for_a_call_slot_is_not_sent() {
     let env = env().await;
-    let r = env
-        .http
-        .post(format!("{}/control/faults", env.url()))
-        .json(&serde_json::json!({"latency_ms": "1000"}))
-        .send()
-        .await
-        .unwrap();
-    assert!(r.status().is_success());
+    env.set_latency("1000").await;
     env.enqueue("send_confirmation", 1, "evt_1").await;
     let waiting = env.enqueue("ship_order", 2, "evt_2").await;
     let _relay = env.spawn_relay(&[

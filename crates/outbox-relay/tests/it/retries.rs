@@ -230,14 +230,7 @@ async fn timeouts_and_resets_are_retried_and_the_key_keeps_the_effect_single() {
 async fn rows_are_released_rather_than_sent_when_their_lease_runs_short() {
     let env = env().await;
     env.seed(1, 5).await;
-    let r = env
-        .http
-        .post(format!("{}/control/faults", env.url()))
-        .json(&serde_json::json!({"latency_ms": "600"}))
-        .send()
-        .await
-        .unwrap();
-    assert!(r.status().is_success());
+    env.set_latency("600").await;
     // Lease 3 s, calls up to 2.2 s: after two 600 ms calls, the rest of a
     // batch no longer has the lease to be sent.
     let relay = env.relay(&[
