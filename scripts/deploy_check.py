@@ -117,7 +117,7 @@ REQUIRED_VARIABLES = {
     ("outbox-relay", ()): ["DATABASE_URL", "FULFILMENT_URL", "EMAIL_URL"],
 }
 
-# The admin endpoints (crates/service/src/admin.rs) and the ports' names in
+# The admin endpoints (crates/process/src/admin.rs) and the ports' names in
 # the manifests.
 HEALTHZ, READYZ, METRICS = "/healthz", "/readyz", "/metrics"
 

@@ -22,7 +22,11 @@ pub mod sql;
 pub use connect::{ConnectOptions, Database, DatabaseUrlError};
 pub use migrate::{SchemaStatus, migrate, schema_status};
 pub use pool::{Client, Pool, PoolError, PoolMode};
-pub use sql::{Executor, Sql};
+pub use sql::{Column, Executor, Sql, col};
+
+/// The channel the ingest notifies after a commit that enqueued commands, and
+/// the relay `LISTEN`s on. Statements take it as a parameter.
+pub const NOTIFY_CHANNEL: &str = "outbox_pending";
 
 /// `SQLSTATE` of a unique violation, for callers that branch on it.
 pub const UNIQUE_VIOLATION: &str = "23505";

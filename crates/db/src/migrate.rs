@@ -82,10 +82,10 @@ impl std::fmt::Display for SchemaStatus {
 }
 
 /// Whether the history table exists (no migration ever ran if not).
-const HISTORY_EXISTS: Sql = Sql::new("SELECT to_regclass($1) IS NOT NULL", &[Type::TEXT]);
+const HISTORY_EXISTS: Sql = Sql::new("history_exists", "SELECT to_regclass($1) IS NOT NULL", &[Type::TEXT]);
 
 /// The newest applied version.
-const APPLIED_VERSION: Sql = Sql::new(
+const APPLIED_VERSION: Sql = Sql::new("applied_version", 
     "SELECT coalesce(max(version), 0)::int4 FROM refinery_schema_history",
     &[],
 );

@@ -21,7 +21,7 @@ pub async fn check(pool: &Pool) -> Result<(), String> {
 
 /// The login role's own `statement_timeout`: what bounds a statement when
 /// no startup `options` can (a transaction-mode pooler).
-const STATEMENT_TIMEOUT: Sql = Sql::new(
+const STATEMENT_TIMEOUT: Sql = Sql::new("statement_timeout", 
     "SELECT current_setting('statement_timeout'), current_user::text",
     &[],
 );

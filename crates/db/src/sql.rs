@@ -24,16 +24,40 @@ use tokio_postgres::{Error, Row};
 
 use crate::pool::{Client, PoolMode};
 
-/// A statement and the types of its parameters (`$1`, `$2`, ... in order).
+/// A statement: its text (kept in a `.sql` file beside the code that runs
+/// it), the types of its parameters (`$1`, `$2`, ... in order) and the result
+/// columns its callers read by name. [`check`] holds all three against a
+/// migrated schema; the workspace's statements test runs it on every one.
 #[derive(Debug)]
 pub struct Sql {
+    /// Where the text lives, for messages (`ingest/record_payment.sql`).
+    pub name: &'static str,
     pub text: &'static str,
     pub types: &'static [Type],
+    pub columns: &'static [Column],
+}
+
+/// One result column: the name the caller reads it by, and its type.
+#[derive(Debug)]
+pub struct Column {
+    pub name: &'static str,
+    pub ty: Type,
+}
+
+/// Shorthand for a [`Column`] in a `const` list.
+pub const fn col(name: &'static str, ty: Type) -> Column {
+    Column { name, ty }
 }
 
 impl Sql {
-    pub const fn new(text: &'static str, types: &'static [Type]) -> Self {
-        Self { text, types }
+    /// A statement that returns no rows (or whose rows nobody reads).
+    pub const fn new(name: &'static str, text: &'static str, types: &'static [Type]) -> Self {
+        Self { name, text, types, columns: &[] }
+    }
+
+    /// The same statement, declaring the columns its callers read.
+    pub const fn returning(self, columns: &'static [Column]) -> Self {
+        Self { columns, ..self }
     }
 
     pub async fn query(
@@ -85,6 +109,46 @@ impl Sql {
     fn typed<'a>(&self, params: &[&'a (dyn ToSql + Sync)]) -> Vec<(&'a (dyn ToSql + Sync), Type)> {
         debug_assert_eq!(params.len(), self.types.len(), "parameters of {:?}", self.text);
         params.iter().copied().zip(self.types.iter().cloned()).collect()
+    }
+}
+
+/// Prepares `sql` on `client` (a connection to a migrated database, as the
+/// role that runs it in production) and compares what the server says with
+/// what the code declares: the parameter types, and every result column by
+/// name, type and position. The error names the statement and each mismatch.
+pub async fn check(client: &tokio_postgres::Client, sql: &Sql) -> Result<(), String> {
+    let statement = client
+        .prepare_typed(sql.text, sql.types)
+        .await
+        .map_err(|e| format!("{}: does not prepare: {}", sql.name, db_error_text(&e)))?;
+    let mut problems = Vec::new();
+    if statement.params() != sql.types {
+        problems.push(format!(
+            "parameters: declared {:?}, the server infers {:?}",
+            sql.types.iter().map(Type::name).collect::<Vec<_>>(),
+            statement.params().iter().map(Type::name).collect::<Vec<_>>()
+        ));
+    }
+    let actual: Vec<(&str, &Type)> = statement.columns().iter().map(|c| (c.name(), c.type_())).collect();
+    let declared: Vec<(&str, &Type)> = sql.columns.iter().map(|c| (c.name, &c.ty)).collect();
+    if actual != declared {
+        problems.push(format!(
+            "columns: declared {:?}, the server returns {:?}",
+            declared.iter().map(|(n, t)| format!("{n} {}", t.name())).collect::<Vec<_>>(),
+            actual.iter().map(|(n, t)| format!("{n} {}", t.name())).collect::<Vec<_>>()
+        ));
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("{}: {}", sql.name, problems.join("; ")))
+    }
+}
+
+fn db_error_text(e: &Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        None => e.to_string(),
     }
 }
 
@@ -162,11 +226,11 @@ mod tests {
 
     #[test]
     fn placeholders_are_counted_by_the_highest_number() {
-        assert_eq!(Sql::new("SELECT 1", &[]).placeholders(), 0);
+        assert_eq!(Sql::new("t", "SELECT 1", &[]).placeholders(), 0);
         assert_eq!(
-            Sql::new("SELECT $2::int8, $1, $10 || '$'", &[]).placeholders(),
+            Sql::new("t", "SELECT $2::int8, $1, $10 || '$'", &[]).placeholders(),
             10
         );
-        assert_eq!(Sql::new("DO $$ BEGIN END $$", &[]).placeholders(), 0);
+        assert_eq!(Sql::new("t", "DO $$ BEGIN END $$", &[]).placeholders(), 0);
     }
 }

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use service::LogFormat;
+use process::LogFormat;
 
 #[derive(Debug, Parser)]
 #[command(

@@ -130,7 +130,7 @@ pub async fn call(http: &reqwest::Client, prepared: &Prepared, key: &str, parent
         http.response.status_code = Empty,
         error.type = Empty,
     );
-    let traceparent = service::traces::traceparent_for(&span, parent);
+    let traceparent = process::traces::traceparent_for(&span, parent);
     let result = http
         .post(url.clone())
         .header("Idempotency-Key", key)

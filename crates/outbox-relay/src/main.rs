@@ -10,7 +10,7 @@ use std::process::ExitCode;
 
 use outbox_relay::config::{Cli, Command, DeadCommand, Settings};
 use outbox_relay::startup::Application;
-use service::config_error;
+use process::config_error;
 
 /// mimalloc: the hot paths allocate small, short-lived buffers per request;
 /// glibc's malloc showed as the largest single cost in profiles.
@@ -20,7 +20,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 const PROGRAM: &str = "outbox-relay";
 
 fn main() -> ExitCode {
-    let cli: Cli = service::parse_or_exit(PROGRAM);
+    let cli: Cli = process::parse_or_exit(PROGRAM);
     let settings = cli.settings;
     let database = settings.database().unwrap_or_else(|e| config_error(PROGRAM, &e));
     let command = cli.command.unwrap_or(Command::Run);
@@ -28,7 +28,7 @@ fn main() -> ExitCode {
     // runtime is gone, with a blocking client.
     let telemetry = match command {
         Command::Run => {
-            let telemetry = service::traces::init(PROGRAM, settings.log_format)
+            let telemetry = process::traces::init(PROGRAM, settings.log_format)
                 .unwrap_or_else(|e| config_error(PROGRAM, &e));
             Some(telemetry)
         }
@@ -68,7 +68,7 @@ async fn run(command: Command, settings: Settings, database: db::Database) -> an
                 config,
             )?;
             tracing::info!(admin_port = app.admin_port(), database = %database.describe(), "starting");
-            let shutdown = service::shutdown::on_signal();
+            let shutdown = process::shutdown::on_signal();
             app.run_until_stopped(shutdown).await
         }
         Command::Dead {

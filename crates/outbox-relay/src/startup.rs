@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use prometheus_client::registry::Registry;
-use service::{AdminServer, Readiness};
+use process::{AdminServer, Readiness};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::RelayConfig;

@@ -48,7 +48,7 @@ pub const COUNT_DUE: &str = include_str!("../sql/count_due.sql");
 /// the cost independent of how many done rows exist. A row whose every
 /// allowed attempt was claimed and none recorded an outcome is a poison row:
 /// it goes dead here, keeping its last error, and is not returned.
-const CLAIM: Sql = Sql::new(
+const CLAIM: Sql = Sql::new("claim", 
     "
 WITH due AS (
     SELECT id FROM outbox
@@ -86,7 +86,7 @@ SELECT id, kind, payload, idempotency_key, attempts, claims, trace_context, even
 /// left to send it), undoing its attempt. A row a refund cancelled while it
 /// was held stays cancelled unless the outcome is `done` (the call under way
 /// succeeded: the row records that it shipped).
-const COMPLETE: Sql = Sql::new(
+const COMPLETE: Sql = Sql::new("complete", 
     "
 UPDATE outbox AS o
    SET status = CASE
@@ -266,7 +266,7 @@ pub async fn record_outcomes(
 /// Whether a claimed row is still pending under this claim. A shipment that
 /// waited for a call slot may have been cancelled by a refund meanwhile: it
 /// was not yet under way, so it must not be sent.
-const STILL_PENDING: Sql = Sql::new(
+const STILL_PENDING: Sql = Sql::new("still_pending", 
     "SELECT count(*) FROM outbox WHERE id = $1 AND lease_owner = $2 AND claims = $3 AND status = 'pending'",
     // id, lease owner, the claim's token
     &[Type::INT8, Type::TEXT, Type::INT4],
@@ -293,7 +293,7 @@ pub struct Backlog {
     pub due: i64,
 }
 
-const BACKLOG: Sql = Sql::new(
+const BACKLOG: Sql = Sql::new("backlog", 
     "SELECT count(*),
             coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8,
             (SELECT count(*) FROM outbox WHERE status = 'dead'),
@@ -327,7 +327,7 @@ pub struct DeadRow {
     pub event_id: String,
 }
 
-const DEAD_ROWS: Sql = Sql::new(
+const DEAD_ROWS: Sql = Sql::new("dead_rows", 
     "SELECT id, kind, idempotency_key, attempts, last_error,
             extract(epoch FROM now() - created_at)::float8, event_id
        FROM outbox WHERE status = 'dead' ORDER BY id",
@@ -350,7 +350,7 @@ pub async fn dead_rows(client: &(impl Executor + ?Sized)) -> Result<Vec<DeadRow>
         .collect())
 }
 
-const REQUEUE_DEAD: Sql = Sql::new(
+const REQUEUE_DEAD: Sql = Sql::new("requeue_dead", 
     "WITH requeued AS (
          UPDATE outbox SET status = 'pending', available_at = now(), attempts = 0,
                            lease_owner = NULL, leased_until = NULL, finished_at = NULL
@@ -371,7 +371,7 @@ pub async fn requeue_dead(
     Ok(rows.first().map_or(0, |r| r.get::<_, i64>(0) as u64))
 }
 
-const COUNTS_BY_STATUS_AND_KIND: Sql = Sql::new(
+const COUNTS_BY_STATUS_AND_KIND: Sql = Sql::new("counts_by_status_and_kind", 
     "SELECT status, kind, count(*) FROM outbox GROUP BY status, kind ORDER BY status, kind",
     &[],
 );
@@ -411,7 +411,7 @@ const PRUNE_LOCK: i64 = 0x5052_554e_4552_0001;
 /// statement itself (its own transaction), so it needs no session: it works
 /// through a transaction-mode pooler, and is never left behind by a pruner
 /// that died. Returns whether the lock was had, and the rows deleted.
-const PRUNE_OUTBOX: Sql = Sql::new(
+const PRUNE_OUTBOX: Sql = Sql::new("prune_outbox", 
     "WITH lock AS (SELECT pg_try_advisory_xact_lock($3) AS held),
           pruned AS (
               DELETE FROM outbox WHERE (SELECT held FROM lock) AND id IN (
@@ -425,7 +425,7 @@ const PRUNE_OUTBOX: Sql = Sql::new(
 );
 
 /// The same for processed events: once gone, a redelivery would be new.
-const PRUNE_EVENTS: Sql = Sql::new(
+const PRUNE_EVENTS: Sql = Sql::new("prune_events", 
     "WITH lock AS (SELECT pg_try_advisory_xact_lock($3) AS held),
           pruned AS (
               DELETE FROM processed_events WHERE (SELECT held FROM lock) AND event_id IN (
@@ -522,25 +522,25 @@ pub struct Audit {
 }
 
 /// Events first processed in the window (`$1` seconds): how many, and their deliveries.
-const AUDIT_TOTALS: Sql = Sql::new(
+const AUDIT_TOTALS: Sql = Sql::new("audit_totals", 
     "SELECT count(*), coalesce(sum(deliveries), 0)::int8
        FROM processed_events WHERE processed_at >= now() - $1 * interval '1 second'",
     &[Type::FLOAT8],
 );
 
-const AUDIT_BY_STATUS: Sql = Sql::new(
+const AUDIT_BY_STATUS: Sql = Sql::new("audit_by_status", 
     "SELECT status, count(*) FROM processed_events
       WHERE processed_at >= now() - $1 * interval '1 second' GROUP BY status ORDER BY status",
     &[Type::FLOAT8],
 );
 
-const AUDIT_COMMANDS: Sql = Sql::new(
+const AUDIT_COMMANDS: Sql = Sql::new("audit_commands", 
     "SELECT kind, status, count(*) FROM outbox
       WHERE created_at >= now() - $1 * interval '1 second' GROUP BY kind, status ORDER BY kind, status",
     &[Type::FLOAT8],
 );
 
-const AUDIT_DOUBLED: Sql = Sql::new(
+const AUDIT_DOUBLED: Sql = Sql::new("audit_doubled", 
     "SELECT count(*) FROM (SELECT 1 FROM outbox WHERE created_at >= now() - $1 * interval '1 second'
                              GROUP BY kind, order_id HAVING count(*) > 1) d",
     &[Type::FLOAT8],

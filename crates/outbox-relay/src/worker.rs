@@ -312,7 +312,7 @@ impl Relay {
             idempotency_key = %row.idempotency_key,
             outbox.outcome = Empty,
         );
-        let _ = span.set_parent(service::traces::context_from_traceparent(
+        let _ = span.set_parent(process::traces::context_from_traceparent(
             row.trace_context.as_deref(),
         ));
         self.deliver_in_span(row).instrument(span).await

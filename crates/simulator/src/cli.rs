@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use reqwest::Url;
-use service::LogFormat;
+use process::LogFormat;
 use signature::{Scheme, Secret};
 
 use crate::audit::AuditConfig;

@@ -30,7 +30,7 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use service::{LogFormat, config_error};
+use process::{LogFormat, config_error};
 use simulator::audit;
 use simulator::cli::{AuditArgs, Cli, Command, DownstreamArgs, ProviderArgs, ProxyArgs, SendArgs};
 use simulator::downstream::{self, DownstreamConfig};
@@ -40,7 +40,7 @@ use simulator::proxy::{self, ProxyConfig};
 const PROGRAM: &str = "simulator";
 
 fn main() -> ExitCode {
-    let cli: Cli = service::parse_or_exit(PROGRAM);
+    let cli: Cli = process::parse_or_exit(PROGRAM);
     match cli.command {
         Command::Downstream(args) => serve_downstream(args),
         Command::Provider(args) => provide(args),
@@ -102,7 +102,7 @@ async fn run_downstream(args: DownstreamArgs, config: DownstreamConfig) -> anyho
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
     // Signal handlers first, so a SIGTERM right after the line is not lost.
-    let shutdown = service::shutdown::on_signal();
+    let shutdown = process::shutdown::on_signal();
     announce(running.addr())?;
     tracing::info!(
         addr = %running.addr(),
@@ -140,7 +140,7 @@ async fn run_proxy(args: ProxyArgs, config: ProxyConfig) -> anyhow::Result<()> {
         .with_context(|| format!("listening on {} and {}", args.listen, args.control))?;
     let control = running.control_addr().context("the control address")?;
     // Signal handlers first, so a SIGTERM right after the line is not lost.
-    let shutdown = service::shutdown::on_signal();
+    let shutdown = process::shutdown::on_signal();
     announce_proxy(running.addr(), control)?;
     tracing::info!(
         addr = %running.addr(),
@@ -211,7 +211,7 @@ fn provide(args: ProviderArgs) -> ExitCode {
     }
     .expect("building the tokio runtime");
     let ran = runtime.block_on(async {
-        let stop = service::shutdown::on_signal();
+        let stop = process::shutdown::on_signal();
         provider::run_until(config, !args.no_progress, stop).await
     });
     let summary = match ran {
@@ -261,7 +261,7 @@ fn announce_proxy(addr: SocketAddr, control: SocketAddr) -> std::io::Result<()> 
 /// Logs on stderr: stdout is the listening line alone.
 fn init_logs(format: LogFormat) {
     let builder = tracing_subscriber::fmt()
-        .with_env_filter(service::logs::env_filter())
+        .with_env_filter(process::logs::env_filter())
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Json => builder.json().try_init(),

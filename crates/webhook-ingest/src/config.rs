@@ -1,12 +1,12 @@
 //! Configuration: every setting is an environment variable and the matching
 //! kebab-case flag. Invalid values stop the process at start-up with one
-//! line naming the variable (exit 2), see `service::config`.
+//! line naming the variable (exit 2), see `process::config`.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use service::LogFormat;
+use process::LogFormat;
 use signature::Scheme;
 
 #[derive(Debug, Parser)]

@@ -59,9 +59,9 @@ pub async fn receive(req: HttpRequest, body: web::Payload, state: web::Data<AppS
         webhook.outcome = Empty,
     );
     if incoming.is_some() {
-        let _ = span.set_parent(service::traces::context_from_traceparent(incoming));
+        let _ = span.set_parent(process::traces::context_from_traceparent(incoming));
     }
-    let trace_context = service::traces::traceparent_for(&span, incoming);
+    let trace_context = process::traces::traceparent_for(&span, incoming);
     async move {
         // Shed load before doing any work: a full house answers at once.
         let permit = state.in_flight.clone().try_acquire_owned();

@@ -7,7 +7,7 @@
 
 use std::process::ExitCode;
 
-use service::config_error;
+use process::config_error;
 use webhook_ingest::config::{Cli, Command, EventsCommand, Settings};
 use webhook_ingest::startup::Application;
 
@@ -19,7 +19,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 const PROGRAM: &str = "webhook-ingest";
 
 fn main() -> ExitCode {
-    let cli: Cli = service::parse_or_exit(PROGRAM);
+    let cli: Cli = process::parse_or_exit(PROGRAM);
     let settings = cli.settings;
     let database = settings.database().unwrap_or_else(|e| config_error(PROGRAM, &e));
     let command = cli.command.unwrap_or(Command::Serve);
@@ -27,7 +27,7 @@ fn main() -> ExitCode {
     // runtime is gone, with a blocking client.
     let telemetry = match command {
         Command::Serve => {
-            let telemetry = service::traces::init(PROGRAM, settings.log_format)
+            let telemetry = process::traces::init(PROGRAM, settings.log_format)
                 .unwrap_or_else(|e| config_error(PROGRAM, &e));
             Some(telemetry)
         }
@@ -64,7 +64,7 @@ async fn run(command: Command, settings: Settings, database: db::Database) -> an
                 scheme = settings.webhook_signature_scheme_name(),
                 "webhook-ingest serving"
             );
-            let shutdown = service::shutdown::on_signal();
+            let shutdown = process::shutdown::on_signal();
             app.run_until_stopped(shutdown).await
         }
         Command::Migrate => {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use actix_web::{App, HttpServer, web};
 use anyhow::Context as _;
 use prometheus_client::registry::Registry;
-use service::{AdminServer, Readiness};
+use process::{AdminServer, Readiness};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;

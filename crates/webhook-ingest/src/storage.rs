@@ -107,10 +107,10 @@ const RECORD_TYPES: &[Type] = &[
 ];
 
 /// Events that change orders and enqueue commands (payments).
-const RECORD_EVENT: Sql = Sql::new(record_event!(), RECORD_TYPES);
+const RECORD_EVENT: Sql = Sql::new("record_event", record_event!(), RECORD_TYPES);
 
 /// The same, for events that may also stop the order's shipment (refunds).
-const RECORD_EVENT_CANCELLING: Sql = Sql::new(
+const RECORD_EVENT_CANCELLING: Sql = Sql::new("record_event_cancelling", 
     record_event!(
         r#", stopped AS (
     -- The order's shipment, stopped. An upsert on its unique key, not an
@@ -140,7 +140,7 @@ const RECORD_EVENT_CANCELLING: Sql = Sql::new(
 
 /// Events whose outcome does not depend on any order and that change
 /// nothing (types we ignore): the claim alone.
-const RECORD_CLAIM_ONLY: Sql = Sql::new(
+const RECORD_CLAIM_ONLY: Sql = Sql::new("record_claim_only", 
     r#"
 INSERT INTO processed_events AS pe (event_id, event_type, status, result, payload, trace_context)
 VALUES ($1, $2, $3, jsonb_build_object('event_id', $1::text, 'status', $3::text), $4::text::jsonb, $5)
@@ -297,7 +297,7 @@ pub async fn record_event(
 /// Wakes the relays: a `NOTIFY` in a transaction of its own, committed
 /// without waiting for the WAL flush (a lost notification costs a poll
 /// interval, nothing else: the rows are durable already).
-const WAKE_RELAYS: Sql = Sql::new(
+const WAKE_RELAYS: Sql = Sql::new("wake_relays", 
     "SELECT set_config('synchronous_commit', 'off', true), pg_notify('outbox_pending', '')",
     &[],
 );
@@ -319,7 +319,7 @@ pub struct EventRow {
     pub payload: Option<serde_json::Value>,
 }
 
-const LIST_EVENTS: Sql = Sql::new(
+const LIST_EVENTS: Sql = Sql::new("list_events", 
     "SELECT event_id, event_type, status, processed_at, deliveries, order_id, payload
        FROM processed_events
       WHERE $1::text IS NULL OR status = $1

@@ -30,7 +30,7 @@ pub async fn env() -> Env {
 
 pub async fn env_with(config: DownstreamConfig) -> Env {
     if std::env::var_os("TEST_LOG").is_some() {
-        service::logs::init(service::LogFormat::Pretty);
+        process::logs::init(process::LogFormat::Pretty);
     }
     let db = TestDb::new().await;
     let client = db.client().await;

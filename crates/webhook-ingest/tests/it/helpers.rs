@@ -27,7 +27,7 @@ pub struct TestApp {
 
 pub fn init_test_logs() {
     if std::env::var_os("TEST_LOG").is_some() {
-        service::logs::init(service::LogFormat::Pretty);
+        process::logs::init(process::LogFormat::Pretty);
     }
 }
 
