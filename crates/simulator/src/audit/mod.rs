@@ -22,8 +22,10 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use db::{Column, Sql, col};
 use domain::{CommandKind, EventKind, OrderStatus};
 use reqwest::Url;
+use tokio_postgres::types::Type;
 
 use crate::downstream::Stats;
 pub use rules::{Finding, Ledger, Payment, Report, Rule};
@@ -41,6 +43,36 @@ pub struct AuditConfig {
     /// (a database reused across runs holds older ones); `None`: all.
     pub since: Option<Duration>,
 }
+
+/// Per order, its first processed payment and first refund (`$1`: the
+/// window in seconds, NULL for none).
+pub const PAYMENTS: Sql = Sql::new(
+    "simulator/audit/events.sql",
+    include_str!("events.sql"),
+    &[Type::FLOAT8],
+)
+.returning(PAYMENT_COLUMNS);
+// Column lists are consts of their own: a `Type` has a destructor, so a
+// temporary array inside the call cannot be promoted to `'static`.
+const PAYMENT_COLUMNS: &[Column] = &[
+    col("order_id", Type::INT8),
+    col("event_type", Type::TEXT),
+    col("first_processed_us", Type::INT8),
+    col("in_window", Type::BOOL),
+];
+
+/// The status of the orders in `$1`.
+pub const ORDER_STATUSES: Sql = Sql::new(
+    "simulator/audit/orders.sql",
+    include_str!("orders.sql"),
+    &[Type::INT8_ARRAY],
+)
+.returning(STATUS_COLUMNS);
+const STATUS_COLUMNS: &[Column] = &[col("id", Type::INT8), col("status", Type::TEXT)];
+
+/// Every statement the audit runs, for the workspace's test that prepares
+/// each one against the migrated schema.
+pub const STATEMENTS: &[&Sql] = &[&PAYMENTS, &ORDER_STATUSES];
 
 /// How long the downstream may take to serialise its stats: with keys, a run
 /// over 50,000 orders is tens of MB.
@@ -89,8 +121,8 @@ pub async fn read_ledger(
 ) -> anyhow::Result<Ledger> {
     let mut ledger = Ledger::default();
     let since_secs = since.map(|s| s.as_secs_f64());
-    let events = client
-        .query(include_str!("events.sql"), &[&since_secs])
+    let events = PAYMENTS
+        .query(client, &[&since_secs])
         .await
         .context("reading processed_events")?;
     for row in events {
@@ -110,8 +142,8 @@ pub async fn read_ledger(
             EventKind::Other => anyhow::bail!("events.sql returned a {event_type:?} event"),
         }
     }
-    let orders = client
-        .query(include_str!("orders.sql"), &[&statuses_of])
+    let orders = ORDER_STATUSES
+        .query(client, &[&statuses_of])
         .await
         .context("reading orders")?;
     ledger.statuses = orders
