@@ -1,0 +1,126 @@
+//! The services' roles, as tests log in with them: each group role of
+//! `migrations/V2__roles.sql` gets a login user of its own, so a service
+//! under test holds exactly the privileges the migrations grant it.
+//!
+//! Roles are cluster-wide: the users are created once per cluster, by
+//! whichever test process gets there first.
+
+use std::sync::Mutex;
+
+use anyhow::Context as _;
+
+use crate::url::{url_with_dbname, url_with_user};
+
+/// The services' group roles, each with the login user tests connect as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// `webhook_ingest`: what the ingest needs, nothing else.
+    Ingest,
+    /// `outbox_relay`: what the relay and its operator commands need.
+    Relay,
+    /// `outbox_monitor`: the KEDA trigger's count of due rows.
+    Monitor,
+}
+
+/// The test users' password: irrelevant on the throwaway cluster (trust),
+/// needed on a `DATABASE_URL` server that checks passwords.
+pub const ROLE_PASSWORD: &str = "webhook_test";
+
+impl Role {
+    pub const ALL: [Role; 3] = [Role::Ingest, Role::Relay, Role::Monitor];
+
+    /// The NOLOGIN group the migration grants to.
+    pub fn group(self) -> &'static str {
+        match self {
+            Self::Ingest => "webhook_ingest",
+            Self::Relay => "outbox_relay",
+            Self::Monitor => "outbox_monitor",
+        }
+    }
+
+    /// The LOGIN user tests connect as, a member of [`Role::group`].
+    pub fn login(self) -> &'static str {
+        match self {
+            Self::Ingest => "webhook_test_ingest",
+            Self::Relay => "webhook_test_relay",
+            Self::Monitor => "webhook_test_monitor",
+        }
+    }
+
+    /// Role-level settings, as deploy/sql/roles.sql recommends: what bounds
+    /// statements when no startup options can (a transaction-mode pooler).
+    fn settings(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            Self::Ingest => &[
+                ("statement_timeout", "5s"),
+                ("client_connection_check_interval", "250ms"),
+            ],
+            Self::Relay => &[("statement_timeout", "30s"), ("synchronous_commit", "off")],
+            Self::Monitor => &[
+                ("statement_timeout", "5s"),
+                ("default_transaction_read_only", "on"),
+            ],
+        }
+    }
+
+    /// Creates the group (when no migration did yet) and the login user,
+    /// unless they exist. Safe against a concurrent run of itself: a
+    /// creation that loses the race is a no-op.
+    fn ensure_sql(self) -> String {
+        let (group, login) = (self.group(), self.login());
+        let settings: String = self
+            .settings()
+            .iter()
+            .map(|(k, v)| format!("ALTER ROLE {login} SET {k} = '{v}';\n"))
+            .collect();
+        format!(
+            "DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{group}') THEN
+        BEGIN
+            CREATE ROLE {group} NOLOGIN;
+        EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
+        END;
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{login}') THEN
+        BEGIN
+            CREATE ROLE {login} LOGIN PASSWORD '{ROLE_PASSWORD}' IN ROLE {group};
+            {settings}
+        EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
+        END;
+    END IF;
+END
+$$;"
+        )
+    }
+}
+
+/// Clusters (host:port) whose login users this process has ensured.
+static ROLES_ENSURED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// Makes sure the login users of every [`Role`] exist in the cluster `client`
+/// is connected to (`url` names it); once per cluster and process.
+pub(crate) async fn ensure_login_roles(client: &tokio_postgres::Client, url: &str) -> anyhow::Result<()> {
+    let cluster = url_with_dbname(&url_with_user(url, "", ""), "");
+    if ROLES_ENSURED.lock().unwrap().contains(&cluster) {
+        return Ok(());
+    }
+    for role in Role::ALL {
+        client
+            .batch_execute(&role.ensure_sql())
+            .await
+            .with_context(|| format!("creating the test user {}", role.login()))?;
+    }
+    ROLES_ENSURED.lock().unwrap().push(cluster);
+    Ok(())
+}
+
+/// `url` (a superuser's, to any database) logging in as `role`'s test user
+/// instead, which is created first if the cluster has none yet.
+pub async fn login_url(url: &str, role: Role) -> String {
+    let client = crate::TestDb::connect_url(url).await;
+    ensure_login_roles(&client, url)
+        .await
+        .expect("creating the test users");
+    url_with_user(url, role.login(), ROLE_PASSWORD)
+}
