@@ -1,0 +1,380 @@
+"""The checks only we can make: the rendered manifests against the code they
+deploy. Each returns a list of problems (empty: passed)."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .binaries import OURS, REQUIRED, Binaries, Cli
+from .render import DEPLOY, ROOT
+from .validate import ident
+
+COUNT_DUE_SQL = ROOT / "crates/outbox-relay/sql/count_due.sql"
+RUNBOOK = DEPLOY / "RUNBOOK.md"
+DOCKERFILE = DEPLOY / "Dockerfile"
+# Test helpers, not what the binaries run.
+NOT_SHIPPED = ("testkit", "simulator")
+HEALTHZ, READYZ, METRICS = "/healthz", "/readyz", "/metrics"
+
+
+def shipped_sources() -> str:
+    return "\n".join(p.read_text() for p in sorted(ROOT.glob("crates/*/src/**/*.rs"))
+                     if p.relative_to(ROOT).parts[1] not in NOT_SHIPPED)
+
+
+# --------------------------------------------------------------------------
+# Our containers in a render
+
+
+def pod_spec(obj: dict) -> dict | None:
+    spec = obj.get("spec") or {}
+    if obj.get("kind") == "CronJob":
+        spec = (spec.get("jobTemplate") or {}).get("spec") or {}
+    template = spec.get("template")
+    return (template.get("spec") or {}) if isinstance(template, dict) else None
+
+
+def pod_labels(obj: dict) -> dict:
+    return (((obj.get("spec") or {}).get("template") or {}).get("metadata") or {}).get("labels") or {}
+
+
+@dataclass
+class Ours:
+    owner: dict
+    pod: dict  # the pod spec
+    container: dict
+    binary: str
+    subcommand: tuple[str, ...]
+    cli: Cli | None
+    problem: str | None  # why there is no Cli
+
+    @property
+    def where(self) -> str:
+        return f"{ident(self.owner)} container {self.container.get('name')} (`{' '.join([self.binary, *self.subcommand])}`)"
+
+    @property
+    def role(self) -> str:
+        """ingest or relay when it serves; the subcommand's name otherwise."""
+        if self.subcommand in ((), ("serve",)):
+            return {"webhook-ingest": "ingest", "outbox-relay": "relay"}[self.binary]
+        return "-".join(self.subcommand)
+
+    def env(self, objs: list[dict]) -> dict[str, object]:
+        """NAME -> value (str), SECRET, or None for a value the kubelet fills in."""
+        out: dict[str, object] = {}
+        ns = self.owner["metadata"].get("namespace")
+        for source in self.container.get("envFrom") or []:
+            ref = source.get("configMapRef") or {}
+            for cm in find(objs, "ConfigMap", ref.get("name"), ns):
+                out.update({source.get("prefix", "") + k: v for k, v in (cm.get("data") or {}).items()})
+        for e in self.container.get("env") or []:
+            if "value" in e:
+                out[e["name"]] = str(e["value"])
+            elif "secretKeyRef" in (e.get("valueFrom") or {}):
+                out[e["name"]] = SECRET
+            else:
+                out[e["name"]] = None
+        return out
+
+    def value(self, objs: list[dict], name: str) -> str | None:
+        """The variable as the binary sees it: set in the manifest, else its default."""
+        v = self.env(objs).get(name)
+        if isinstance(v, str):
+            return v
+        return self.cli.variables.get(name) if (self.cli and name not in self.env(objs)) else None
+
+
+SECRET = object()
+
+
+def find(objs: list[dict], kind: str, name: str | None = None, namespace: str | None = None) -> list[dict]:
+    return [o for o in objs if o.get("kind") == kind and (name is None or o["metadata"].get("name") == name)
+            and o["metadata"].get("namespace") == namespace]
+
+
+def ours(objs: list[dict], binaries: Binaries) -> list[Ours]:
+    out = []
+    for obj in objs:
+        spec = pod_spec(obj)
+        for c in (spec or {}).get("initContainers", []) + (spec or {}).get("containers", []):
+            binary = c.get("image", "").split("@")[0].rsplit("/", 1)[-1].split(":")[0]
+            if binary not in OURS:
+                continue
+            sub = []
+            for a in map(str, c.get("args") or []):
+                if a.startswith("-"):
+                    break
+                sub.append(a)
+            cli, problem = binaries.cli(binary, tuple(sub))
+            out.append(Ours(obj, spec, c, binary, tuple(sub), cli, problem))
+    return out
+
+
+def port_of(addr: str | None) -> int | None:
+    m = re.search(r":(\d+)$", addr or "")
+    return int(m.group(1)) if m else None
+
+
+def int_of(raw: str | None) -> int | None:
+    try:
+        return int(str(raw).strip()) if raw is not None else None
+    except ValueError:
+        return None
+
+
+def container_port(container: dict, port) -> int | None:
+    if isinstance(port, int):
+        return port
+    return next((p.get("containerPort") for p in container.get("ports") or [] if p.get("name") == port), None)
+
+
+# --------------------------------------------------------------------------
+# The checks
+
+
+def check_env(objs: list[dict], containers: list[Ours]) -> list[str]:
+    """Every variable set is one the binary's --help lists; the required ones are set."""
+    problems = []
+    for oc in containers:
+        if oc.cli is None:
+            problems.append(f"{oc.where}: cannot check its variables: {oc.problem}")
+            continue
+        for source in oc.container.get("envFrom") or []:
+            if "secretRef" in source:
+                problems.append(f"{oc.where}: envFrom Secret {source['secretRef'].get('name')} hides which variables "
+                                "it sets: use env[].valueFrom.secretKeyRef per variable")
+            elif not find(objs, "ConfigMap", (source.get("configMapRef") or {}).get("name"), oc.owner["metadata"].get("namespace")):
+                problems.append(f"{oc.where}: envFrom ConfigMap {source.get('configMapRef')} is not in the render")
+        env = oc.env(objs)
+        problems += [f"{oc.where} sets {name}, which `{oc.cli.command} --help` does not list"
+                     for name in sorted(env) if not oc.cli.accepts(name)]
+        problems += [f"{oc.where} does not set {name}, which it cannot start without"
+                     for name in REQUIRED.get((oc.binary, oc.subcommand), []) if name not in env]
+    return problems
+
+
+def check_ports_and_probes(objs: list[dict], containers: list[Ours]) -> list[str]:
+    """Container ports are where the binary listens; probes and ServiceMonitors
+    hit the admin server's paths on its port."""
+    problems = []
+    code = shipped_sources()
+    for path in (HEALTHZ, READYZ, METRICS):
+        if f'"{path}"' not in code:
+            problems.append(f"no crate serves {path} any more: update deploy-check and the manifests")
+    admin_ports = {}
+    for oc in containers:
+        if oc.role not in ("ingest", "relay"):
+            continue  # one-off commands listen on nothing
+        want = {"admin": port_of(oc.value(objs, "ADMIN_LISTEN_ADDR"))}
+        if oc.role == "ingest":
+            want["http"] = port_of(oc.value(objs, "INGEST_LISTEN_ADDR"))
+        named = {p.get("name"): p.get("containerPort") for p in oc.container.get("ports") or []}
+        for name, port in want.items():
+            if port is None:
+                problems.append(f"{oc.where}: cannot tell which port `{name}` should be (listen address unknown)")
+            elif named.get(name) != port:
+                problems.append(f"{oc.where}: containerPort `{name}` is {named.get(name)}, the binary listens on {port}")
+        admin_ports[id(oc.owner)] = (oc, want["admin"])
+        for probe, path in (("livenessProbe", HEALTHZ), ("readinessProbe", READYZ)):
+            get = (oc.container.get(probe) or {}).get("httpGet")
+            if not get:
+                problems.append(f"{oc.where}: {probe} should be an httpGet of {path} on the admin port")
+                continue
+            if get.get("path") != path:
+                problems.append(f"{oc.where}: {probe} path is {get.get('path')}, the admin server serves {path}")
+            if container_port(oc.container, get.get("port")) != want["admin"]:
+                problems.append(f"{oc.where}: {probe} port {get.get('port')} is not the admin port {want['admin']}")
+    for sm in [o for o in objs if o.get("kind") == "ServiceMonitor"]:
+        ns = sm["metadata"].get("namespace")
+        services = [s for s in find(objs, "Service", namespace=ns) if selects(sm["spec"].get("selector"), s["metadata"].get("labels"))]
+        if not services:
+            problems.append(f"{ident(sm)}: selects no Service")
+        for ep in sm["spec"].get("endpoints") or []:
+            if ep.get("path", METRICS) != METRICS:
+                problems.append(f"{ident(sm)}: scrapes {ep.get('path')}, the admin server serves {METRICS}")
+            for svc in services:
+                port = next((p for p in svc["spec"].get("ports") or [] if p.get("name") == ep.get("port")), None)
+                if port is None:
+                    problems.append(f"{ident(sm)}: port `{ep.get('port')}` is not a named port of {ident(svc)}")
+                    continue
+                for oc, admin in admin_ports.values():
+                    if oc.owner["metadata"].get("namespace") == ns and selects({"matchLabels": svc["spec"].get("selector")}, pod_labels(oc.owner)):
+                        if container_port(oc.container, port.get("targetPort", port.get("port"))) != admin:
+                            problems.append(f"{ident(sm)} scrapes {ident(svc)} port {ep.get('port')}, which is not {oc.where}'s admin port {admin}")
+    return problems
+
+
+def selects(selector: dict | None, labels: dict | None) -> bool:
+    if not selector or set(selector) - {"matchLabels"}:
+        return False  # only matchLabels is used here
+    return all((labels or {}).get(k) == v for k, v in (selector.get("matchLabels") or {}).items())
+
+
+def check_grace(objs: list[dict], containers: list[Ours]) -> list[str]:
+    """terminationGracePeriodSeconds covers each service's shutdown budget as configured."""
+    problems = []
+    for oc in containers:
+        grace = oc.pod.get("terminationGracePeriodSeconds", 30)
+        if oc.role == "ingest":
+            deadline_ms = int_of(oc.value(objs, "INGEST_DEADLINE_MS"))
+            pre_stop = (oc.container.get("lifecycle") or {}).get("preStop") or {}
+            pause = (pre_stop.get("sleep") or {}).get("seconds")
+            if pause is None:
+                problems.append(f"{oc.where}: needs a preStop `sleep` (the image has no shell): requests routed "
+                                "while the endpoint is being removed would be refused")
+                pause = 0
+            if deadline_ms is None:
+                problems.append(f"{oc.where}: INGEST_DEADLINE_MS unknown")
+            elif grace < pause + math.ceil(deadline_ms / 1000):
+                problems.append(f"{oc.where}: terminationGracePeriodSeconds {grace} < preStop {pause} s + "
+                                f"INGEST_DEADLINE_MS {deadline_ms} ms (in-flight requests are cut)")
+        elif oc.role == "relay":
+            timeout_ms = int_of(oc.value(objs, "RELAY_HTTP_TIMEOUT_MS"))
+            lease = int_of(oc.value(objs, "RELAY_LEASE_SECS"))
+            if timeout_ms is None:
+                problems.append(f"{oc.where}: RELAY_HTTP_TIMEOUT_MS unknown")
+                continue
+            if not grace > timeout_ms / 1000 + 1:
+                problems.append(f"{oc.where}: terminationGracePeriodSeconds {grace} must exceed "
+                                f"RELAY_HTTP_TIMEOUT_MS/1000 + 1 = {timeout_ms / 1000 + 1:g} s (calls in flight are cut)")
+            if lease is None or not lease * 1000 > timeout_ms:
+                problems.append(f"{oc.where}: RELAY_LEASE_SECS {lease} must exceed RELAY_HTTP_TIMEOUT_MS {timeout_ms} ms "
+                                "(the binary refuses to start)")
+    return problems
+
+
+def normalise_sql(sql: str) -> str:
+    sql = "\n".join(line.split("--", 1)[0] for line in sql.splitlines())
+    return re.sub(r"\s+", " ", sql).strip().rstrip(";").strip()
+
+
+def check_keda_query(objs: list[dict]) -> list[str]:
+    """KEDA counts due rows with the relay's own statement."""
+    want = normalise_sql(COUNT_DUE_SQL.read_text()) if COUNT_DUE_SQL.is_file() else None
+    problems = []
+    for so in [o for o in objs if o.get("kind") == "ScaledObject"]:
+        for t in so["spec"].get("triggers") or []:
+            if t.get("type") != "postgresql":
+                continue
+            if want is None:
+                return [f"{COUNT_DUE_SQL.relative_to(ROOT)} is missing: the relay's count query is the reference"]
+            got = normalise_sql(str((t.get("metadata") or {}).get("query", "")))
+            if got != want:
+                problems.append(f"{ident(so)}: the postgresql query differs from {COUNT_DUE_SQL.relative_to(ROOT)}:\n"
+                                f"            trigger: {got}\n            relay:   {want}")
+    return problems
+
+
+REGISTER = re.compile(r'\.register\(\s*"([a-zA-Z_:][a-zA-Z0-9_:]*)"\s*,\s*"(?:[^"\\]|\\.)*"\s*,\s*(?:\w+\.)*(\w+)\.clone\(\)')
+LABEL_SET = re.compile(r"EncodeLabelSet[^\]]*\)\]\s*(?:#\[[^\]]*\]\s*)*pub struct \w+ \{(.*?)\}", re.S)
+METRIC_SELECTOR = re.compile(r"\b([a-zA-Z_:][a-zA-Z0-9_:]*)\s*(\{[^}]*\})?")
+MATCHER = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"([^"]*)"')
+
+
+def code_metrics() -> tuple[set[str], set[str], set[str]]:
+    """(the series our binaries expose, their label names, the string literals
+    in the shipped code: where a label value comes from)."""
+    series, labels = set(), set()
+    for path in sorted(ROOT.glob("crates/*/src/**/*.rs")):
+        if path.relative_to(ROOT).parts[1] in NOT_SHIPPED:
+            continue
+        text = path.read_text()
+        for name, field in REGISTER.findall(text):
+            m = re.search(rf"^\s*pub {field}:\s*(.+)$", text, re.M)  # the struct field: its type
+            kind = m.group(1) if m else ""
+            if "Histogram" in kind:
+                series |= {name + s for s in ("_bucket", "_sum", "_count")}
+            elif "Counter" in kind:
+                series.add(name + "_total")
+            elif "Gauge" in kind:
+                series.add(name)
+            else:
+                series |= {name + s for s in ("", "_total", "_bucket", "_sum", "_count")}
+        for body in LABEL_SET.findall(text):
+            labels |= set(re.findall(r"pub (\w+):", body))
+    literals = set(re.findall(r'"((?:[^"\\]|\\.)*)"', shipped_sources()))
+    return series, labels, literals
+
+
+def check_alerts(objs: list[dict]) -> list[str]:
+    """Rules name metrics the code exports, label values the code sets, jobs a
+    ServiceMonitor scrapes; each alert has its RUNBOOK section."""
+    problems = []
+    series, labels, literals = code_metrics()
+    if not series:
+        problems.append("found no `registry.register(\"name\", ...)` in crates/*/src: update deploy-check's REGISTER")
+    scraped = {s["metadata"]["name"] for sm in objs if sm.get("kind") == "ServiceMonitor"
+               for s in find(objs, "Service", namespace=sm["metadata"].get("namespace"))
+               if selects(sm["spec"].get("selector"), s["metadata"].get("labels"))}
+    runbook = RUNBOOK.read_text() if RUNBOOK.is_file() else ""
+    anchors = {re.sub(r"[^a-z0-9 -]", "", h.strip().lower()).replace(" ", "-") for h in re.findall(r"^##+ (.+)$", runbook, re.M)}
+    for rule_obj in [o for o in objs if o.get("kind") == "PrometheusRule"]:
+        for group in rule_obj["spec"].get("groups") or []:
+            for rule in group.get("rules") or []:
+                name = f"{ident(rule_obj)} {rule.get('alert') or rule.get('record')}"
+                for m in METRIC_SELECTOR.finditer(str(rule.get("expr", ""))):
+                    metric, selector = m.group(1), m.group(2) or ""
+                    if metric.startswith(("webhook_", "outbox_")) and metric not in series:
+                        problems.append(f"{name}: `{metric}` is not a series the binaries export ({', '.join(sorted(series))})")
+                    for label, op, value in MATCHER.findall(selector):
+                        if metric == "up" and label == "job" and op == "=" and value not in scraped:
+                            problems.append(f"{name}: job=\"{value}\" is not a Service a ServiceMonitor scrapes ({sorted(scraped)})")
+                        if metric in series and label in labels:
+                            for v in value.split("|") if op in ("=~", "!~") else [value]:
+                                if v not in literals:
+                                    problems.append(f"{name}: {metric}{{{label}=\"{v}\"}}: no \"{v}\" in the code, so never exported")
+                if rule.get("alert"):
+                    if rule["alert"].lower() not in anchors:
+                        problems.append(f"{name}: no `## {rule['alert']}` section in deploy/RUNBOOK.md")
+                    for link in re.findall(r"RUNBOOK\.md#([a-z0-9-]+)", " ".join((rule.get("annotations") or {}).values())):
+                        if link not in anchors:
+                            problems.append(f"{name}: links RUNBOOK.md#{link}, which is no heading")
+    return problems
+
+
+def check_release(objs: list[dict], containers: list[Ours]) -> list[str]:
+    """The migration runs the schema of the release it precedes; no Secret is
+    ever rendered (the operator creates them from *.example.yaml)."""
+    problems = [f"{ident(s)} is rendered: Secrets are created by the operator, never listed in a kustomization"
+                for s in objs if s.get("kind") == "Secret"]
+    images: dict[str, set[str]] = {}
+    for oc in containers:
+        images.setdefault(oc.role, set()).add(oc.container.get("image"))
+    if "migrate" in images and "ingest" in images and images["migrate"] != images["ingest"]:
+        problems.append(f"the migration runs {sorted(images['migrate'])} but webhook-ingest runs {sorted(images['ingest'])}")
+    return problems
+
+
+def check_dockerfile(all_containers: list[Ours]) -> list[str]:
+    """Each binary's image stage runs it, as the uid the manifests give it."""
+    if not DOCKERFILE.is_file():
+        return ["deploy/Dockerfile is missing"]
+    stages: dict[str, list[str]] = {}
+    current = None
+    for line in DOCKERFILE.read_text().splitlines():
+        if m := re.match(r"^FROM\s+\S+(?:\s+AS\s+(\S+))?", line, re.I):
+            current = m.group(1) or f"stage{len(stages)}"
+            stages[current] = []
+        elif current and line.strip() and not line.lstrip().startswith("#"):
+            stages[current].append(line.strip())
+    problems = []
+    for binary in OURS:
+        lines = stages.get(binary)
+        if lines is None:
+            problems.append(f"deploy/Dockerfile: no `FROM ... AS {binary}` stage")
+            continue
+        user = next((l.split(None, 1)[1] for l in lines if l.upper().startswith("USER ")), "")
+        uid = int_of(user.split(":")[0])
+        manifest_uids = {(oc.container.get("securityContext") or {}).get("runAsUser", (oc.pod.get("securityContext") or {}).get("runAsUser"))
+                         for oc in all_containers if oc.binary == binary}
+        if uid is None or uid == 0:
+            problems.append(f"deploy/Dockerfile stage {binary}: USER must be a numeric non-root uid (is `{user}`)")
+        elif manifest_uids and manifest_uids != {uid}:
+            problems.append(f"deploy/Dockerfile stage {binary}: USER {uid}, but the manifests run it as {sorted(manifest_uids, key=str)}")
+        entry = next((l for l in lines if l.upper().startswith("ENTRYPOINT")), "")
+        if f'/{binary}"' not in entry:
+            problems.append(f"deploy/Dockerfile stage {binary}: ENTRYPOINT should run /usr/local/bin/{binary} (exec form)")
+    return problems
