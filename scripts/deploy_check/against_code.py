@@ -149,8 +149,11 @@ def check_env(objs: list[dict], containers: list[Ours]) -> list[str]:
             elif not find(objs, "ConfigMap", (source.get("configMapRef") or {}).get("name"), oc.owner["metadata"].get("namespace")):
                 problems.append(f"{oc.where}: envFrom ConfigMap {source.get('configMapRef')} is not in the render")
         env = oc.env(objs)
-        problems += [f"{oc.where} sets {name}, which `{oc.cli.command} --help` does not list"
-                     for name in sorted(env) if not oc.cli.accepts(name)]
+        explicit = {e.get("name") for e in oc.container.get("env") or []}
+        for name in sorted(env):
+            if not oc.cli.accepts(name):
+                via = "" if name in explicit else " through envFrom (a generated ConfigMap: the .env file or literals)"
+                problems.append(f"{oc.where} sets {name}{via}, which `{oc.cli.command} --help` does not list")
         problems += [f"{oc.where} does not set {name}, which it cannot start without"
                      for name in REQUIRED.get((oc.binary, oc.subcommand), []) if name not in env]
     return problems

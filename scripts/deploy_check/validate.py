@@ -92,7 +92,8 @@ def rules_problems(rule: dict) -> list[str]:
         done = subprocess.run([exe, "check", "rules", f.name], capture_output=True, text=True, timeout=60)
     if done.returncode != 0:
         text = (done.stdout + done.stderr).replace(f.name, ident(rule))
-        return [f"promtool check rules: {line.strip()}" for line in text.splitlines() if line.strip()]
+        return [line.strip() for line in text.splitlines()
+                if line.strip() and not line.startswith(("Checking ", "FAILED:"))]
     return []
 
 
