@@ -250,7 +250,6 @@ def check_grace(objs: list[dict], containers: list[Ours]) -> list[str]:
 
 
 def normalise_sql(sql: str) -> str:
-    sql = "\n".join(line.split("--", 1)[0] for line in sql.splitlines())
     return re.sub(r"\s+", " ", sql).strip().rstrip(";").strip()
 
 
