@@ -32,16 +32,15 @@ import sys
 from pathlib import Path
 
 try:
-    import kubernetes_validate  # noqa: F401 (imported here for a clear message)
-    import yaml
+    import kubernetes_validate
+
+    from . import against_code as code
+    from .binaries import OURS, Binaries
+    from .render import ROOT, RenderError, examples, kubectl_version, render_all
+    from .validate import K8S_VERSION, crd_sources, ident, promtool_version, rules_problems, schema_problems
 except ImportError as e:  # pragma: no cover - environment problem
     sys.stderr.write(f"deploy-check: missing Python package ({e.name}); run scripts/deploy-check.sh\n")
     sys.exit(2)
-
-from . import against_code as code
-from .binaries import OURS, Binaries
-from .render import ROOT, RenderError, examples, kubectl_version, render_all
-from .validate import K8S_VERSION, crd_sources, ident, promtool_version, rules_problems, schema_problems
 
 
 class Report:
@@ -76,8 +75,7 @@ def main() -> int:
     except (RenderError, OSError) as e:
         report.check("kubectl", [str(e)])
         return report.summary()
-    import kubernetes_validate as kv
-    print(f"deploy-check: {kubectl}; Kubernetes {K8S_VERSION} schemas (kubernetes-validate {kv.__version__}); "
+    print(f"deploy-check: {kubectl}; Kubernetes {K8S_VERSION} schemas (kubernetes-validate {kubernetes_validate.__version__}); "
           f"CRD schemas from {crd_sources()}; {promtool_version()}")
 
     binaries = Binaries(args.bindir.resolve())

@@ -3,10 +3,10 @@ deploy. Each returns a list of problems (empty: passed)."""
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 from .binaries import OURS, REQUIRED, Binaries, Cli
 from .render import DEPLOY, ROOT
@@ -320,7 +320,9 @@ def check_alerts(objs: list[dict]) -> list[str]:
                 for m in METRIC_SELECTOR.finditer(str(rule.get("expr", ""))):
                     metric, selector = m.group(1), m.group(2) or ""
                     if metric.startswith(("webhook_", "outbox_")) and metric not in series:
-                        problems.append(f"{name}: `{metric}` is not a series the binaries export ({', '.join(sorted(series))})")
+                        near = difflib.get_close_matches(metric, sorted(series), 2)
+                        problems.append(f"{name}: `{metric}` is not a series the binaries register"
+                                        + (f" (did you mean {' or '.join(near)}?)" if near else ""))
                     for label, op, value in MATCHER.findall(selector):
                         if metric == "up" and label == "job" and op == "=" and value not in scraped:
                             problems.append(f"{name}: job=\"{value}\" is not a Service a ServiceMonitor scrapes ({sorted(scraped)})")

@@ -65,8 +65,9 @@ def schema_problems(obj: dict) -> list[str]:
         return ["not a Kubernetes object (apiVersion and kind required)"]
     crd = crd_validators().get((obj["apiVersion"], obj["kind"]))
     if crd is not None:
-        return [f"{ident(obj)} at {'.'.join(str(p) for p in e.absolute_path) or '(top level)'}: {e.message}"
-                for e in sorted(crd.iter_errors(obj), key=lambda e: list(map(str, e.absolute_path)))]
+        return list(dict.fromkeys(  # one line per problem, though several schema branches may report it
+            f"{ident(obj)} at {'.'.join(str(p) for p in e.absolute_path) or '(top level)'}: {e.message}"
+            for e in sorted(crd.iter_errors(obj), key=lambda e: list(map(str, e.absolute_path)))))
     try:
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
     except kv_utils.SchemaNotFoundError:
