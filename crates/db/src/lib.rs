@@ -1,48 +1,67 @@
 //! Postgres plumbing shared by both services.
 //!
 //! # Layout
-//! - [`connect`]: `DATABASE_URL` parsing (libpq's `sslmode` values, including
-//!   `verify-ca` / `verify-full` with `sslrootcert`), TLS with rustls, single
-//!   connections and pools.
+//! - [`connect`]: [`Database`], a parsed `DATABASE_URL`, and single
+//!   connections with a service's [`ConnectOptions`].
+//! - `url`: reading `DATABASE_URL`, libpq's `sslmode` values included
+//!   (`verify-ca` / `verify-full` with `sslrootcert`).
+//! - `tls`: the rustls verifiers behind those `sslmode` values.
 //! - [`pool`]: the services' pools, direct or behind a transaction-mode pooler
 //!   (`DATABASE_POOL_MODE`).
-//! - [`sql`]: every statement of both services, and the one place that decides
-//!   how it is sent (named and prepared once per connection, or unnamed).
+//! - `cancel`: [`Canceller`], which cancels a statement on the server.
+//! - [`sql`]: [`Sql`], a statement with its parameter types and result
+//!   columns, the one place that decides how it is sent (named and prepared
+//!   once per connection, or unnamed), and [`sql::check`], which holds a
+//!   statement against a migrated schema.
 //! - [`migrate`]: the migrations in `migrations/`, embedded in the binary, applied
 //!   under an advisory lock; the schema status.
 //! - [`ready`]: the database half of `/readyz`.
+//! - `error`: [`is_connectivity_error`], what a database error means.
+//!
+//! This crate's own statements are `.sql` files beside their modules
+//! (`src/migrate/`, `src/ready/`), listed in [`STATEMENTS`].
 #![forbid(unsafe_code)]
 
+mod cancel;
 pub mod connect;
+mod error;
 pub mod migrate;
 pub mod pool;
 pub mod ready;
 pub mod sql;
+mod tls;
+mod url;
 
-pub use connect::{ConnectOptions, Database, DatabaseUrlError};
+pub use cancel::Canceller;
+pub use connect::{ConnectOptions, Database};
+pub use error::is_connectivity_error;
 pub use migrate::{SchemaStatus, migrate, schema_status};
 pub use pool::{Client, Pool, PoolError, PoolMode};
 pub use sql::{Column, Executor, Sql, col};
+pub use url::DatabaseUrlError;
 
 /// The channel the ingest notifies after a commit that enqueued commands, and
 /// the relay `LISTEN`s on. Statements take it as a parameter.
 pub const NOTIFY_CHANNEL: &str = "outbox_pending";
 
-/// `SQLSTATE` of a unique violation, for callers that branch on it.
-pub const UNIQUE_VIOLATION: &str = "23505";
+/// Every statement this crate runs, for the test that prepares each one
+/// against the migrated schema.
+pub const STATEMENTS: &[&Sql] = &[
+    &migrate::LOCK,
+    &migrate::UNLOCK,
+    &migrate::HISTORY_EXISTS,
+    &migrate::APPLIED_VERSION,
+    &ready::ROLE_SETTINGS,
+];
 
-/// True when an error means the database could not be reached or the
-/// connection broke, as opposed to a problem with the statement itself.
-pub fn is_connectivity_error(err: &tokio_postgres::Error) -> bool {
-    if err.is_closed() {
-        return true;
-    }
-    match err.code() {
-        // admin_shutdown, crash_shutdown, cannot_connect_now, connection_failure...
-        Some(code) => {
-            let c = code.code();
-            c.starts_with("08") || c.starts_with("57P") || c == "53300"
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_statement_declares_a_type_for_each_placeholder() {
+        for sql in STATEMENTS {
+            assert_eq!(sql.placeholders(), sql.types.len(), "{}", sql.name);
         }
-        None => true,
     }
 }

@@ -15,7 +15,7 @@
 use anyhow::Context as _;
 use tokio_postgres::types::Type;
 
-use crate::sql::{Executor, Sql};
+use crate::sql::{Column, Executor, Sql, col};
 
 mod embedded {
     refinery::embed_migrations!("../../migrations");
@@ -37,10 +37,29 @@ pub fn expected_version() -> i32 {
         .unwrap_or(0)
 }
 
+const LOCK_COLUMNS: &[Column] = &[col("pg_advisory_lock", Type::VOID)];
+
+/// Waits for, then holds, the lock on migrating ([`MIGRATION_LOCK`]).
+pub(crate) const LOCK: Sql = Sql::new(
+    "db/migrate/lock.sql",
+    include_str!("migrate/lock.sql"),
+    &[Type::INT8],
+)
+.returning(LOCK_COLUMNS);
+
+const UNLOCK_COLUMNS: &[Column] = &[col("pg_advisory_unlock", Type::BOOL)];
+
+/// Releases [`LOCK`].
+pub(crate) const UNLOCK: Sql = Sql::new(
+    "db/migrate/unlock.sql",
+    include_str!("migrate/unlock.sql"),
+    &[Type::INT8],
+)
+.returning(UNLOCK_COLUMNS);
+
 /// Applies every pending migration; returns the versions applied now.
 pub async fn migrate(client: &mut tokio_postgres::Client) -> anyhow::Result<Vec<i32>> {
-    client
-        .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])
+    LOCK.execute(&*client, &[&MIGRATION_LOCK])
         .await
         .context("taking the migration lock")?;
     let result = embedded::migrations::runner()
@@ -49,9 +68,7 @@ pub async fn migrate(client: &mut tokio_postgres::Client) -> anyhow::Result<Vec<
         .await
         .context("applying migrations");
     // Unlock even when a migration failed; the session ends soon anyway.
-    let _ = client
-        .execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK])
-        .await;
+    let _ = UNLOCK.execute(&*client, &[&MIGRATION_LOCK]).await;
     let report = result?;
     Ok(report.applied_migrations().iter().map(|m| m.version()).collect())
 }
@@ -81,22 +98,36 @@ impl std::fmt::Display for SchemaStatus {
     }
 }
 
+const HISTORY_EXISTS_COLUMNS: &[Column] = &[col("history_exists", Type::BOOL)];
+
 /// Whether the history table exists (no migration ever ran if not).
-const HISTORY_EXISTS: Sql = Sql::new("history_exists", "SELECT to_regclass($1) IS NOT NULL", &[Type::TEXT]);
+pub(crate) const HISTORY_EXISTS: Sql = Sql::new(
+    "db/migrate/history_exists.sql",
+    include_str!("migrate/history_exists.sql"),
+    &[Type::TEXT],
+)
+.returning(HISTORY_EXISTS_COLUMNS);
+
+const APPLIED_VERSION_COLUMNS: &[Column] = &[col("applied_version", Type::INT4)];
 
 /// The newest applied version.
-const APPLIED_VERSION: Sql = Sql::new("applied_version", 
-    "SELECT coalesce(max(version), 0)::int4 FROM refinery_schema_history",
+pub(crate) const APPLIED_VERSION: Sql = Sql::new(
+    "db/migrate/applied_version.sql",
+    include_str!("migrate/applied_version.sql"),
     &[],
-);
+)
+.returning(APPLIED_VERSION_COLUMNS);
 
 /// Compares the applied migrations with the embedded ones.
 pub async fn schema_status(client: &(impl Executor + ?Sized)) -> Result<SchemaStatus, tokio_postgres::Error> {
     let row = HISTORY_EXISTS.query_one(client, &[&HISTORY_TABLE]).await?;
-    if !row.get::<_, bool>(0) {
+    if !row.get::<_, bool>("history_exists") {
         return Ok(SchemaStatus::Unmigrated);
     }
-    let applied: i32 = APPLIED_VERSION.query_one(client, &[]).await?.get(0);
+    let applied: i32 = APPLIED_VERSION
+        .query_one(client, &[])
+        .await?
+        .get("applied_version");
     let expected = expected_version();
     Ok(match applied {
         0 => SchemaStatus::Unmigrated,
@@ -110,10 +141,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_statements_read_refinerys_table() {
+    fn the_version_is_read_from_refinerys_table() {
         assert!(APPLIED_VERSION.text.contains(HISTORY_TABLE));
-        for sql in [&HISTORY_EXISTS, &APPLIED_VERSION] {
-            assert_eq!(sql.placeholders(), sql.types.len(), "{}", sql.text);
-        }
     }
 }

@@ -7,6 +7,10 @@
 //! statements run on it ([`crate::Sql`]) are sent the right way without any
 //! caller having to know.
 
+use deadpool_postgres::{Manager, ManagerConfig, RecyclingMethod, Runtime};
+
+use crate::connect::{ConnectOptions, Database};
+
 /// How the connections of a pool reach Postgres (`DATABASE_POOL_MODE`).
 ///
 /// Directly (or through a session-mode pooler), each client connection is a
@@ -24,6 +28,32 @@ pub enum PoolMode {
     Session,
     /// Through PgBouncer in transaction mode: unnamed statements, one round trip each; settings from the login role
     Transaction,
+}
+
+impl Database {
+    /// A pool of connections to this database with `options`' session
+    /// settings, size and wait, in this database's [`PoolMode`].
+    pub fn pool(&self, options: &ConnectOptions) -> Pool {
+        let manager = Manager::from_config(
+            self.config_for(options),
+            self.tls().clone(),
+            ManagerConfig {
+                // A broken connection surfaces as an error on first use and
+                // is then discarded; checking every checkout would cost a
+                // round trip per request.
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = deadpool_postgres::Pool::builder(manager)
+            .max_size(options.pool_size)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(options.pool_wait))
+            .create_timeout(Some(options.pool_wait))
+            .recycle_timeout(Some(options.pool_wait))
+            .build()
+            .expect("a pool with a runtime and timeouts always builds");
+        Pool::new(pool, self.pool_mode())
+    }
 }
 
 /// A pool of connections, all of one [`PoolMode`].
@@ -46,7 +76,7 @@ impl std::fmt::Debug for Pool {
 pub type PoolError = deadpool_postgres::PoolError;
 
 impl Pool {
-    pub(crate) fn new(inner: deadpool_postgres::Pool, mode: PoolMode) -> Self {
+    fn new(inner: deadpool_postgres::Pool, mode: PoolMode) -> Self {
         Self { inner, mode }
     }
 

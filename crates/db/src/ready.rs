@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 use crate::pool::{Pool, PoolMode};
-use crate::sql::Sql;
+use tokio_postgres::types::Type;
+
+use crate::sql::{Column, Sql, col};
 
 /// Ok when a pooled connection answers within 2 s and the schema is current.
 pub async fn check(pool: &Pool) -> Result<(), String> {
@@ -19,12 +21,16 @@ pub async fn check(pool: &Pool) -> Result<(), String> {
     }
 }
 
+const ROLE_SETTINGS_COLUMNS: &[Column] = &[col("statement_timeout", Type::TEXT), col("role", Type::TEXT)];
+
 /// The login role's own `statement_timeout`: what bounds a statement when
 /// no startup `options` can (a transaction-mode pooler).
-const STATEMENT_TIMEOUT: Sql = Sql::new("statement_timeout", 
-    "SELECT current_setting('statement_timeout'), current_user::text",
+pub(crate) const ROLE_SETTINGS: Sql = Sql::new(
+    "db/ready/role_settings.sql",
+    include_str!("ready/role_settings.sql"),
     &[],
-);
+)
+.returning(ROLE_SETTINGS_COLUMNS);
 
 /// Says once, in one line, when the database is not ready at start-up, and
 /// again when it becomes ready (no restart needed). Behind a transaction-mode
@@ -54,8 +60,8 @@ pub async fn announce(pool: Pool) {
 
 async fn warn_without_role_timeout(pool: &Pool) {
     let Ok(client) = pool.get().await else { return };
-    if let Ok(row) = STATEMENT_TIMEOUT.query_one(&client, &[]).await {
-        let (timeout, role): (String, String) = (row.get(0), row.get(1));
+    if let Ok(row) = ROLE_SETTINGS.query_one(&client, &[]).await {
+        let (timeout, role): (String, String) = (row.get("statement_timeout"), row.get("role"));
         if timeout == "0" {
             tracing::warn!(
                 "DATABASE_POOL_MODE=transaction and role {role} sets no statement_timeout: \

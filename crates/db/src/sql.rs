@@ -52,7 +52,12 @@ pub const fn col(name: &'static str, ty: Type) -> Column {
 impl Sql {
     /// A statement that returns no rows (or whose rows nobody reads).
     pub const fn new(name: &'static str, text: &'static str, types: &'static [Type]) -> Self {
-        Self { name, text, types, columns: &[] }
+        Self {
+            name,
+            text,
+            types,
+            columns: &[],
+        }
     }
 
     /// The same statement, declaring the columns its callers read.
@@ -129,13 +134,23 @@ pub async fn check(client: &tokio_postgres::Client, sql: &Sql) -> Result<(), Str
             statement.params().iter().map(Type::name).collect::<Vec<_>>()
         ));
     }
-    let actual: Vec<(&str, &Type)> = statement.columns().iter().map(|c| (c.name(), c.type_())).collect();
+    let actual: Vec<(&str, &Type)> = statement
+        .columns()
+        .iter()
+        .map(|c| (c.name(), c.type_()))
+        .collect();
     let declared: Vec<(&str, &Type)> = sql.columns.iter().map(|c| (c.name, &c.ty)).collect();
     if actual != declared {
         problems.push(format!(
             "columns: declared {:?}, the server returns {:?}",
-            declared.iter().map(|(n, t)| format!("{n} {}", t.name())).collect::<Vec<_>>(),
-            actual.iter().map(|(n, t)| format!("{n} {}", t.name())).collect::<Vec<_>>()
+            declared
+                .iter()
+                .map(|(n, t)| format!("{n} {}", t.name()))
+                .collect::<Vec<_>>(),
+            actual
+                .iter()
+                .map(|(n, t)| format!("{n} {}", t.name()))
+                .collect::<Vec<_>>()
         ));
     }
     if problems.is_empty() {
