@@ -3,27 +3,28 @@
 //! `prepare -> call -> classify`: the row becomes a [`domain::Command`], the
 //! command becomes a request (the same key and the same body bytes on every
 //! attempt: a downstream rejects a reused key with a different body), and the
-//! response becomes a [`Dispatch`]:
+//! response becomes a [`CallResult`], which [`crate::policy`] turns into the
+//! row's [`Verdict`](crate::storage::Verdict):
 //!
-//! | result | dispatch |
-//! |---|---|
-//! | 2xx | done |
-//! | 408, 409, 425, 429, 5xx, timeout, connection error | retry after a backoff (or `Retry-After`) |
-//! | any other status | dead at once: retrying cannot help |
-//! | `RELAY_MAX_ATTEMPTS` calls made | dead, keeping the last error |
+//! | answer | call result | verdict |
+//! |---|---|---|
+//! | 2xx | succeeded | done |
+//! | 408, 409, 425, 429, 5xx, timeout, connection error | transient | retry after a backoff (or `Retry-After`) |
+//! | any other status | permanent | dead at once: retrying cannot help |
+//! | a transient failure of the `RELAY_MAX_ATTEMPTS`th call | transient | dead, keeping the last error |
 //!
-//! [`call`] also hands back the HTTP status it got (none for a timeout or a
-//! connection error), for the relay's one log line per call.
+//! A [`CallResult`] carries the HTTP status it got (none for a timeout, a
+//! connection error, or a row never sent), for the relay's one log line per
+//! call.
 
 use std::time::{Duration, SystemTime};
 
 use domain::{Command, CommandKind, Endpoint};
-use rand::Rng as _;
 use reqwest::StatusCode;
 use tracing::Instrument as _;
 use tracing::field::Empty;
 
-use crate::storage::{ClaimedRow, Completion};
+use crate::storage::{ClaimedRow, RowKind};
 
 /// Where the commands go: the full URLs, parsed once.
 #[derive(Debug, Clone)]
@@ -53,35 +54,43 @@ impl Endpoints {
     }
 }
 
-/// The retry policy.
-#[derive(Debug, Clone, Copy)]
-pub struct RetryPolicy {
-    pub max_attempts: u32,
-    pub base: Duration,
-    pub max: Duration,
-}
-
-/// What a call came to.
+/// What an attempt at a downstream call produced, before any policy: the
+/// answer classified, and the HTTP status when there was one.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Dispatch {
-    Done,
-    /// Try again; `after` is the server's `Retry-After`, if it gave one.
-    Retry {
-        after: Option<Duration>,
+pub enum CallResult {
+    /// A 2xx answer.
+    Succeeded { http_status: u16 },
+    /// A failure that may pass: a retryable status, a timeout, a connection
+    /// error, a payload only a newer relay can read. `retry_after` is the
+    /// server's `Retry-After`, if it gave one.
+    Transient {
+        http_status: Option<u16>,
+        retry_after: Option<Duration>,
         error: String,
     },
-    Dead {
-        reason: String,
-    },
+    /// A failure that trying again cannot fix: any other status, a row this
+    /// release cannot read.
+    Permanent { http_status: Option<u16>, error: String },
 }
 
-/// One call's result: the dispatch, and the HTTP status the downstream
-/// answered with (`None` when there was no answer: a timeout, a connection
-/// error).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Called {
-    pub dispatch: Dispatch,
-    pub status: Option<u16>,
+impl CallResult {
+    /// The status the downstream answered with; `None` when no answer came
+    /// (a timeout, a connection error) or no call was made.
+    pub fn http_status(&self) -> Option<u16> {
+        match self {
+            Self::Succeeded { http_status } => Some(*http_status),
+            Self::Transient { http_status, .. } | Self::Permanent { http_status, .. } => *http_status,
+        }
+    }
+
+    /// A failure without an answer: the call never made it, or never came back.
+    pub fn transient(error: String) -> Self {
+        Self::Transient {
+            http_status: None,
+            retry_after: None,
+            error,
+        }
+    }
 }
 
 /// The request a row becomes.
@@ -92,18 +101,25 @@ pub struct Prepared {
     pub body: Vec<u8>,
 }
 
-/// Reads the row; a payload this release cannot read is dead, unless a newer
+/// Reads the row; a row this release cannot read is dead, unless a newer
 /// relay could read it (then it is retried, for that relay to take).
-pub fn prepare(row: &ClaimedRow, endpoints: &Endpoints) -> Result<Prepared, Dispatch> {
-    let command = Command::decode(&row.kind, &row.payload).map_err(|e| {
+pub fn prepare(row: &ClaimedRow, endpoints: &Endpoints) -> Result<Prepared, CallResult> {
+    let kind = match &row.kind {
+        RowKind::Known(kind) => *kind,
+        RowKind::Unknown(text) => {
+            return Err(CallResult::Permanent {
+                http_status: None,
+                error: domain::PayloadError::UnknownKind(text.clone()).to_string(),
+            });
+        }
+    };
+    let command = Command::from_payload(kind, &row.payload).map_err(|e| {
         if e.is_retryable() {
-            Dispatch::Retry {
-                after: None,
-                error: e.to_string(),
-            }
+            CallResult::transient(e.to_string())
         } else {
-            Dispatch::Dead {
-                reason: e.to_string(),
+            CallResult::Permanent {
+                http_status: None,
+                error: e.to_string(),
             }
         }
     })?;
@@ -117,7 +133,12 @@ pub fn prepare(row: &ClaimedRow, endpoints: &Endpoints) -> Result<Prepared, Disp
 /// Sends it, in an HTTP client span (semantic conventions) whose context the
 /// request carries as `traceparent`. `parent` is the row's stored context,
 /// used only when no tracing layer is installed.
-pub async fn call(http: &reqwest::Client, prepared: &Prepared, key: &str, parent: Option<&str>) -> Called {
+pub async fn call(
+    http: &reqwest::Client,
+    prepared: &Prepared,
+    key: &str,
+    parent: Option<&str>,
+) -> CallResult {
     let url = &prepared.url;
     let span = tracing::info_span!(
         "POST",
@@ -148,10 +169,7 @@ pub async fn call(http: &reqwest::Client, prepared: &Prepared, key: &str, parent
                 span.record("otel.status_code", "ERROR");
                 span.record("error.type", status.as_u16().to_string());
             }
-            Called {
-                dispatch: classify(response).await,
-                status: Some(status.as_u16()),
-            }
+            classify(response).await
         }
         Err(e) => {
             span.record("otel.status_code", "ERROR");
@@ -165,13 +183,7 @@ pub async fn call(http: &reqwest::Client, prepared: &Prepared, key: &str, parent
                     "transport"
                 },
             );
-            Called {
-                dispatch: Dispatch::Retry {
-                    after: None,
-                    error: describe_transport_error(&e),
-                },
-                status: None,
-            }
+            CallResult::transient(describe_transport_error(&e))
         }
     }
 }
@@ -190,10 +202,13 @@ fn redacted(url: &reqwest::Url) -> std::borrow::Cow<'_, reqwest::Url> {
     std::borrow::Cow::Owned(shown)
 }
 
-async fn classify(response: reqwest::Response) -> Dispatch {
+async fn classify(response: reqwest::Response) -> CallResult {
     let status = response.status();
+    let http_status = Some(status.as_u16());
     if status.is_success() {
-        return Dispatch::Done;
+        return CallResult::Succeeded {
+            http_status: status.as_u16(),
+        };
     }
     let retry_after = response
         .headers()
@@ -211,12 +226,13 @@ async fn classify(response: reqwest::Response) -> Dispatch {
         .replace(['\n', '\r'], " ");
     let error = format!("HTTP {}: {}", status.as_u16(), excerpt.trim());
     if is_retryable_status(status) {
-        Dispatch::Retry {
-            after: retry_after,
+        CallResult::Transient {
+            http_status,
+            retry_after,
             error,
         }
     } else {
-        Dispatch::Dead { reason: error }
+        CallResult::Permanent { http_status, error }
     }
 }
 
@@ -254,52 +270,9 @@ pub fn parse_retry_after(value: &str) -> Option<Duration> {
     Some(at.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO))
 }
 
-impl RetryPolicy {
-    /// What to record after attempt number `attempt` (1-based) came to `dispatch`.
-    pub fn complete(&self, attempt: i32, dispatch: Dispatch) -> Completion {
-        match dispatch {
-            Dispatch::Done => Completion::Done,
-            Dispatch::Dead { reason } => Completion::Dead { error: reason },
-            Dispatch::Retry { error, .. } if attempt >= self.max_attempts as i32 => Completion::Dead {
-                error: format!("gave up after {attempt} attempts; last: {error}"),
-            },
-            Dispatch::Retry { after, error } => Completion::Retry {
-                delay: match after {
-                    Some(after) => after.min(self.max),
-                    None => self.backoff(attempt),
-                },
-                error,
-            },
-        }
-    }
-
-    /// Exponential backoff with full jitter: uniform in [0, min(max, base * 2^(attempt-1))].
-    /// Full jitter spreads the retries of many rows that failed together
-    /// (one downstream outage) instead of sending them back in waves.
-    pub fn backoff(&self, attempt: i32) -> Duration {
-        let ceiling = self.ceiling(attempt);
-        let ms = ceiling.as_millis() as u64;
-        Duration::from_millis(rand::rng().random_range(0..=ms))
-    }
-
-    /// The upper bound of the jittered delay after `attempt`.
-    pub fn ceiling(&self, attempt: i32) -> Duration {
-        let exponent = attempt.saturating_sub(1).clamp(0, 30) as u32;
-        self.base.saturating_mul(1u32 << exponent).min(self.max)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn policy() -> RetryPolicy {
-        RetryPolicy {
-            max_attempts: 5,
-            base: Duration::from_millis(100),
-            max: Duration::from_secs(2),
-        }
-    }
 
     #[test]
     fn statuses() {
@@ -308,77 +281,6 @@ mod tests {
         }
         for s in [400, 401, 403, 404, 405, 410, 413, 422, 451] {
             assert!(!is_retryable_status(StatusCode::from_u16(s).unwrap()), "{s}");
-        }
-    }
-
-    #[test]
-    fn backoff_grows_caps_and_jitters() {
-        let p = policy();
-        assert_eq!(p.ceiling(1), Duration::from_millis(100));
-        assert_eq!(p.ceiling(2), Duration::from_millis(200));
-        assert_eq!(p.ceiling(4), Duration::from_millis(800));
-        assert_eq!(p.ceiling(6), Duration::from_secs(2));
-        assert_eq!(p.ceiling(1000), Duration::from_secs(2));
-        let samples: Vec<Duration> = (0..200).map(|_| p.backoff(3)).collect();
-        assert!(samples.iter().all(|d| *d <= Duration::from_millis(400)));
-        let distinct: std::collections::HashSet<_> = samples.iter().collect();
-        assert!(distinct.len() > 20, "full jitter spreads the delays");
-    }
-
-    #[test]
-    fn outcomes_follow_the_policy() {
-        let p = policy();
-        assert_eq!(p.complete(1, Dispatch::Done), Completion::Done);
-        assert_eq!(
-            p.complete(
-                1,
-                Dispatch::Dead {
-                    reason: "HTTP 400: no".into()
-                }
-            ),
-            Completion::Dead {
-                error: "HTTP 400: no".into()
-            }
-        );
-        // Retry-After is honoured, up to the cap.
-        let c = p.complete(
-            2,
-            Dispatch::Retry {
-                after: Some(Duration::from_secs(1)),
-                error: "HTTP 429".into(),
-            },
-        );
-        assert_eq!(
-            c,
-            Completion::Retry {
-                delay: Duration::from_secs(1),
-                error: "HTTP 429".into()
-            }
-        );
-        let c = p.complete(
-            2,
-            Dispatch::Retry {
-                after: Some(Duration::from_secs(99)),
-                error: "e".into(),
-            },
-        );
-        assert_eq!(
-            c,
-            Completion::Retry {
-                delay: Duration::from_secs(2),
-                error: "e".into()
-            }
-        );
-        // The last allowed attempt failing is dead, with the last error.
-        match p.complete(
-            5,
-            Dispatch::Retry {
-                after: None,
-                error: "HTTP 503: busy".into(),
-            },
-        ) {
-            Completion::Dead { error } => assert!(error.contains("5 attempts") && error.contains("HTTP 503")),
-            other => panic!("{other:?}"),
         }
     }
 
@@ -413,7 +315,7 @@ mod tests {
         let endpoints = Endpoints::new("http://f.example", "http://e.example/v1/").unwrap();
         let row = |kind: &str, payload: serde_json::Value| ClaimedRow {
             id: 1,
-            kind: kind.into(),
+            kind: RowKind::parse(kind),
             payload,
             idempotency_key: "k".into(),
             attempt: 1,
@@ -443,11 +345,17 @@ mod tests {
         assert_eq!(p.url.as_str(), "http://e.example/v1/emails");
         assert!(matches!(
             prepare(&row("teleport", serde_json::json!({"v": 1})), &endpoints),
-            Err(Dispatch::Dead { .. })
+            Err(CallResult::Permanent {
+                http_status: None,
+                ..
+            })
         ));
         assert!(matches!(
             prepare(&row("ship_order", serde_json::json!({"v": 9})), &endpoints),
-            Err(Dispatch::Retry { .. })
+            Err(CallResult::Transient {
+                http_status: None,
+                ..
+            })
         ));
     }
 }

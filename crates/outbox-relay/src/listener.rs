@@ -1,4 +1,4 @@
-//! `LISTEN outbox_pending` on a connection of its own: each notification (sent
+//! `LISTEN` on [`db::NOTIFY_CHANNEL`] on a connection of its own: each notification (sent
 //! by the ingest's transaction at commit) wakes the claimer at once, so an
 //! idle relay sends a new row within milliseconds rather than at the next poll.
 //!
@@ -15,7 +15,6 @@ use tokio::sync::Notify;
 use tokio_postgres::AsyncMessage;
 use tokio_util::sync::CancellationToken;
 
-use crate::storage::NOTIFY_CHANNEL;
 use crate::worker::LoopHealth;
 
 pub async fn listen(
@@ -72,7 +71,11 @@ async fn listen_once(
         }
         Ok(())
     });
-    client.batch_execute(&format!("LISTEN {NOTIFY_CHANNEL}")).await?;
+    // LISTEN names its channel as an identifier, which no statement
+    // parameter can stand for: the one definition is spliced in, quoted.
+    client
+        .batch_execute(&format!("LISTEN \"{}\"", db::NOTIFY_CHANNEL))
+        .await?;
     health.listening.store(1, Ordering::Relaxed);
     // Anything enqueued while we were not listening: look now.
     wake.notify_one();

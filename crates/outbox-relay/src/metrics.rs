@@ -9,10 +9,12 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
 
+use crate::storage::{Backlog, Pruned, RowKind, Verdict};
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DispatchLabels {
     pub kind: &'static str,
-    /// done | retry | dead
+    /// The verdict: done | retry | dead
     pub outcome: &'static str,
 }
 
@@ -121,7 +123,7 @@ impl RelayMetrics {
     }
 
     /// One run of the periodic pruner: its result, or `None` when it failed.
-    pub fn pruned(&self, pruned: Option<&crate::storage::Pruned>) {
+    pub fn pruned(&self, pruned: Option<&Pruned>) {
         let result = match pruned {
             None => "failed",
             Some(p) if !p.ran => "locked_out",
@@ -138,10 +140,11 @@ impl RelayMetrics {
         self.prune_runs.get_or_create(&PruneResult { result }).inc();
     }
 
-    /// `kind` is the row's `kind` column; one this release does not know
-    /// is counted as `unknown`.
-    pub fn dispatched(&self, kind: &str, outcome: &'static str, seconds: f64) {
-        let kind = domain::CommandKind::parse(kind).map_or("unknown", |k| k.as_str());
+    /// One recorded call: its row's kind (one this release does not know is
+    /// counted as `unknown`), the verdict on it and how long it took.
+    pub fn dispatched(&self, kind: &RowKind, verdict: &Verdict, seconds: f64) {
+        let kind = kind.label();
+        let outcome = verdict.as_str();
         self.dispatches
             .get_or_create(&DispatchLabels { kind, outcome })
             .inc();
@@ -150,7 +153,7 @@ impl RelayMetrics {
             .observe(seconds);
     }
 
-    pub fn set_backlog(&self, backlog: &crate::storage::Backlog) {
+    pub fn set_backlog(&self, backlog: &Backlog) {
         self.pending.set(backlog.pending);
         self.oldest_pending_age.set(backlog.oldest_pending_age_seconds);
         self.dead.set(backlog.dead);

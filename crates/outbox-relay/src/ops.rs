@@ -1,4 +1,4 @@
-//! The operator's commands: `dead list`, `dead requeue`, `stats`, `prune`.
+//! The operator's commands: `dead list`, `dead requeue`, `stats`, `prune`, `audit`.
 //! Tables for people, `--json` (one object per line) for scripts.
 
 use std::io::Write as _;
@@ -51,29 +51,19 @@ pub async fn dead_requeue(database: &db::Database, id: Option<i64>) -> anyhow::R
 
 #[derive(serde::Serialize)]
 struct Stats {
-    by_status_and_kind: Vec<StatusKind>,
+    by_status_and_kind: Vec<storage::StatusKindCount>,
     pending: i64,
     due: i64,
     dead: i64,
     oldest_pending_age_seconds: f64,
 }
 
-#[derive(serde::Serialize)]
-struct StatusKind {
-    status: String,
-    kind: String,
-    count: i64,
-}
-
 pub async fn stats(database: &db::Database, json: bool) -> anyhow::Result<()> {
     let client = database.connect("outbox-relay-cli").await?;
-    let counts = storage::counts_by_status_and_kind(&client).await?;
+    let by_status_and_kind = storage::counts_by_status_and_kind(&client).await?;
     let backlog = storage::backlog(&client).await?;
     let stats = Stats {
-        by_status_and_kind: counts
-            .into_iter()
-            .map(|(status, kind, count)| StatusKind { status, kind, count })
-            .collect(),
+        by_status_and_kind,
         pending: backlog.pending,
         due: backlog.due,
         dead: backlog.dead,

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use outbox_relay::worker::Outcome;
+use outbox_relay::worker::Pass;
 
 use crate::helpers::{TRACEPARENT, env};
 
@@ -14,8 +14,8 @@ async fn every_kind_reaches_the_right_api_with_its_key_body_and_trace() {
     let refund = env.enqueue("send_refund_notice", 2, "evt_b").await;
     let relay = env.relay(&[]);
 
-    assert_eq!(relay.relay_once().await.unwrap(), Outcome::Relayed(3));
-    assert_eq!(relay.relay_once().await.unwrap(), Outcome::Empty);
+    assert_eq!(relay.relay_once().await.unwrap(), Pass::Relayed(3));
+    assert_eq!(relay.relay_once().await.unwrap(), Pass::Empty);
     for id in [ship, conf, refund] {
         let (status, attempts, error) = env.row_status(id).await;
         assert_eq!((status.as_str(), attempts, error), ("done", 1, None));
@@ -65,7 +65,7 @@ async fn cancelled_rows_are_never_sent() {
         .await
         .unwrap();
     let relay = env.relay(&[]);
-    assert_eq!(relay.relay_once().await.unwrap(), Outcome::Empty);
+    assert_eq!(relay.relay_once().await.unwrap(), Pass::Empty);
     assert_eq!(env.stats().await.requests, 0);
 }
 

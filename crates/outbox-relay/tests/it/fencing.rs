@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use outbox_relay::storage::{self, Completion};
+use outbox_relay::storage::{self, RowVerdict, Verdict};
 
 use crate::helpers::{Env, env};
 
@@ -33,7 +33,7 @@ async fn claim_one(client: &db::Client, owner: &str, lease: Duration) -> Option<
 
 /// Relay `a` stalls past its lease; `b` claims the row and gives up on it
 /// (dead); an operator requeues it (attempts back to 0); `a` claims it again,
-/// so owner and attempt number are those of `a`'s first claim. The outcome
+/// so owner and attempt number are those of `a`'s first claim. The verdict
 /// of that first claim, arriving now, must not be taken for the new one's.
 #[tokio::test]
 async fn a_stale_claims_outcome_never_matches_a_later_claim_even_after_a_requeue() {
@@ -47,13 +47,13 @@ async fn a_stale_claims_outcome_never_matches_a_later_claim_even_after_a_requeue
     let other = claim_one(&client, "relay-b", LONG)
         .await
         .expect("claimed again once the lease ran out");
-    let recorded = storage::record_outcomes(
+    let recorded = storage::record_verdicts(
         &client,
         "relay-b",
-        &[storage::Outcome {
+        &[RowVerdict {
             id,
             claim: other.claim,
-            completion: Completion::Dead {
+            verdict: Verdict::Dead {
                 error: "HTTP 400: no".into(),
             },
         }],
@@ -70,18 +70,18 @@ async fn a_stale_claims_outcome_never_matches_a_later_claim_even_after_a_requeue
         "attempts were reset by the requeue"
     );
 
-    let recorded = storage::record_outcomes(
+    let recorded = storage::record_verdicts(
         &client,
         "relay-a",
-        &[storage::Outcome {
+        &[RowVerdict {
             id,
             claim: stale.claim,
-            completion: Completion::Done,
+            verdict: Verdict::Done,
         }],
     )
     .await
     .unwrap();
-    assert!(recorded.is_empty(), "the stale claim's outcome was recorded");
+    assert!(recorded.is_empty(), "the stale claim's verdict was recorded");
     assert_eq!(
         env.row_status(id).await.0,
         "pending",
@@ -93,14 +93,14 @@ async fn a_stale_claims_outcome_never_matches_a_later_claim_even_after_a_requeue
         1
     );
 
-    // The current claim's own outcome is recorded.
-    let recorded = storage::record_outcomes(
+    // The current claim's own verdict is recorded.
+    let recorded = storage::record_verdicts(
         &client,
         "relay-a",
-        &[storage::Outcome {
+        &[RowVerdict {
             id,
             claim: current.claim,
-            completion: Completion::Done,
+            verdict: Verdict::Done,
         }],
     )
     .await

@@ -101,12 +101,19 @@ impl Env {
                    VALUES ($1, jsonb_build_object('v', 1, 'order_id', $2::int8, 'event_id', $3::text),
                            $4 || '-' || $2::int8, $3, $2, $5)
                    RETURNING id)
-                 SELECT r.id, (SELECT count(pg_notify('outbox_pending', ''))) FROM r",
-                &[&kind, &order_id, &event_id, &prefix, &TRACEPARENT],
+                 SELECT r.id, (SELECT count(pg_notify($6, ''))) AS notified FROM r",
+                &[
+                    &kind,
+                    &order_id,
+                    &event_id,
+                    &prefix,
+                    &TRACEPARENT,
+                    &db::NOTIFY_CHANNEL,
+                ],
             )
             .await
             .unwrap();
-        row.get(0)
+        row.get("id")
     }
 
     /// `n` ship_order rows for orders `first..first+n`, in one statement.
@@ -136,7 +143,7 @@ impl Env {
             )
             .await
             .unwrap();
-        (r.get(0), r.get(1), r.get(2))
+        (r.get("status"), r.get("attempts"), r.get("last_error"))
     }
 
     pub async fn stats(&self) -> Stats {

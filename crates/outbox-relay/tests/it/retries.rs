@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use outbox_relay::worker::{Outcome, Relay};
+use outbox_relay::worker::{Pass, Relay};
 
 use crate::helpers::{Env, env};
 
@@ -12,16 +12,17 @@ async fn drive(env: &Env, relay: &Relay, id: i64, timeout: Duration) -> Vec<(i32
     let started = Instant::now();
     let mut schedule = Vec::new();
     while env.row_status(id).await.0 == "pending" {
-        if let Outcome::Relayed(_) = relay.relay_once().await.unwrap() {
+        if let Pass::Relayed(_) = relay.relay_once().await.unwrap() {
             let r = env
                 .client
                 .query_one(
-                    "SELECT attempts, extract(epoch FROM available_at - now())::float8 FROM outbox WHERE id = $1",
+                    "SELECT attempts, extract(epoch FROM available_at - now())::float8 AS due_in
+                       FROM outbox WHERE id = $1",
                     &[&id],
                 )
                 .await
                 .unwrap();
-            schedule.push((r.get::<_, i32>(0), r.get::<_, f64>(1)));
+            schedule.push((r.get("attempts"), r.get("due_in")));
         }
         assert!(
             started.elapsed() < timeout,
@@ -42,19 +43,19 @@ async fn a_500_500_200_sequence_is_done_after_three_attempts_with_one_key_and_on
     // After each failure, the row waits out its backoff: due no earlier than
     // now, no later than the jitter's ceiling (300 ms, then 600 ms).
     let first = relay.relay_once().await.unwrap();
-    assert_eq!(first, Outcome::Relayed(1));
+    assert_eq!(first, Pass::Relayed(1));
     let (status, attempts, error) = env.row_status(id).await;
     assert_eq!((status.as_str(), attempts), ("pending", 1));
     assert!(error.as_deref().unwrap().starts_with("HTTP 500"), "{error:?}");
     let due_in: f64 = env
         .client
         .query_one(
-            "SELECT extract(epoch FROM available_at - now())::float8 FROM outbox WHERE id = $1",
+            "SELECT extract(epoch FROM available_at - now())::float8 AS due_in FROM outbox WHERE id = $1",
             &[&id],
         )
         .await
         .unwrap()
-        .get(0);
+        .get("due_in");
     assert!(
         (-0.1..=0.31).contains(&due_in),
         "first backoff within [0, 300 ms]: {due_in}"
@@ -64,7 +65,7 @@ async fn a_500_500_200_sequence_is_done_after_three_attempts_with_one_key_and_on
         .query_one("SELECT lease_owner FROM outbox WHERE id = $1", &[&id])
         .await
         .unwrap()
-        .get(0);
+        .get("lease_owner");
     assert_eq!(lease_owner, None, "a rescheduled row is no longer leased");
 
     let schedule = drive(&env, &relay, id, Duration::from_secs(10)).await;
@@ -93,13 +94,13 @@ async fn a_400_is_dead_at_once_and_requeue_delivers_it() {
     let id = env.enqueue("send_confirmation", 3, "evt_3").await;
     env.script("conf-3", serde_json::json!([400])).await;
     let relay = env.relay(&[]);
-    assert_eq!(relay.relay_once().await.unwrap(), Outcome::Relayed(1));
+    assert_eq!(relay.relay_once().await.unwrap(), Pass::Relayed(1));
     let (status, attempts, error) = env.row_status(id).await;
     assert_eq!((status.as_str(), attempts), ("dead", 1));
     assert!(error.as_deref().unwrap().starts_with("HTTP 400"), "{error:?}");
     assert_eq!(
         relay.relay_once().await.unwrap(),
-        Outcome::Empty,
+        Pass::Empty,
         "dead rows are not claimed"
     );
 
@@ -133,7 +134,7 @@ async fn a_400_is_dead_at_once_and_requeue_delivers_it() {
     let (status, attempts, _) = env.row_status(id).await;
     assert_eq!((status.as_str(), attempts), ("pending", 0));
 
-    assert_eq!(relay.relay_once().await.unwrap(), Outcome::Relayed(1));
+    assert_eq!(relay.relay_once().await.unwrap(), Pass::Relayed(1));
     assert_eq!(env.row_status(id).await.0, "done");
     let stats = env.stats().await;
     assert_eq!(
@@ -153,12 +154,12 @@ async fn retry_after_is_honoured() {
     let due_in: f64 = env
         .client
         .query_one(
-            "SELECT extract(epoch FROM available_at - now())::float8 FROM outbox WHERE id = $1",
+            "SELECT extract(epoch FROM available_at - now())::float8 AS due_in FROM outbox WHERE id = $1",
             &[&id],
         )
         .await
         .unwrap()
-        .get(0);
+        .get("due_in");
     assert!(
         (0.8..=1.05).contains(&due_in),
         "Retry-After: 1 -> due in ~1 s, got {due_in}"
@@ -243,7 +244,7 @@ async fn rows_are_released_rather_than_sent_when_their_lease_runs_short() {
         "--relay-http-timeout-ms",
         "2200",
     ]);
-    assert_eq!(relay.relay_once().await.unwrap(), Outcome::Relayed(5));
+    assert_eq!(relay.relay_once().await.unwrap(), Pass::Relayed(5));
     let done = env
         .count("SELECT count(*) FROM outbox WHERE status = 'done'")
         .await;

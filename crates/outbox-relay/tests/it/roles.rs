@@ -6,8 +6,9 @@
 
 use std::time::Duration;
 
-use outbox_relay::storage::{self, Completion};
+use outbox_relay::storage::{self, RowVerdict, Verdict};
 use testkit::{Role, TestDb, assert_refused, grants_of, is_refused};
+use tokio_postgres::error::SqlState;
 
 use crate::helpers::env;
 
@@ -84,15 +85,15 @@ async fn the_monitor_role_counts_due_rows_and_nothing_else() {
     let url = env.db.url_as(Role::Monitor);
     let monitor = TestDb::connect_url(&url).await;
     let due: i64 = monitor
-        .query_one(storage::COUNT_DUE, &[])
+        .query_one(storage::COUNT_DUE.text, &[])
         .await
         .expect("the KEDA query as the monitor role")
-        .get(0);
+        .get("count");
     assert_eq!(due, 3);
     // Its login is read-only by default (a role setting, deploy/sql/roles.sql);
     // without that, the grants alone refuse all the same.
     let err = monitor.batch_execute("DELETE FROM outbox").await.unwrap_err();
-    assert_eq!(err.code().map(|c| c.code()), Some("25006"), "{err:?}");
+    assert_eq!(err.code(), Some(&SqlState::READ_ONLY_SQL_TRANSACTION), "{err:?}");
     monitor
         .batch_execute("SET default_transaction_read_only = off")
         .await
@@ -115,7 +116,7 @@ async fn the_monitor_role_counts_due_rows_and_nothing_else() {
             .batch_execute(&grant.revoke_sql(Role::Monitor.group()))
             .await
             .unwrap();
-        let result = monitor.query_one(storage::COUNT_DUE, &[]).await;
+        let result = monitor.query_one(storage::COUNT_DUE.text, &[]).await;
         env.client
             .batch_execute(&grant.grant_sql(Role::Monitor.group()))
             .await
@@ -138,8 +139,8 @@ fn pool(url: &str) -> db::Pool {
     })
 }
 
-/// Every statement the relay and its operator commands run: claim, record
-/// outcomes, the gauges, `dead list`, `dead requeue`, `stats`, `prune`,
+/// Every statement the relay and its operator commands run: claim, the
+/// recheck of a claimed row, record verdicts, the gauges, `dead list`, `dead requeue`, `stats`, `prune`,
 /// `audit`, the schema check behind `/readyz`.
 async fn exercise_relay(
     admin: &tokio_postgres::Client,
@@ -157,21 +158,21 @@ async fn exercise_relay(
     let client = pool.get().await.expect("a connection");
     let owner = format!("roles-test-{n}");
     let claimed = storage::claim_due_batch(&client, 10, &owner, Duration::from_secs(60), 25).await?;
-    let outcomes: Vec<_> = claimed
+    let first = claimed
+        .first()
+        .expect("nothing claimed: the recheck and completion statements would not run");
+    storage::still_pending(&client, first, &owner).await?;
+    let verdicts: Vec<_> = claimed
         .iter()
-        .map(|row| storage::Outcome {
+        .map(|row| RowVerdict {
             id: row.id,
             claim: row.claim,
-            completion: Completion::Dead {
+            verdict: Verdict::Dead {
                 error: "HTTP 400".into(),
             },
         })
         .collect();
-    assert!(
-        !outcomes.is_empty(),
-        "nothing claimed: the outcome statement would not run"
-    );
-    storage::record_outcomes(&client, &owner, &outcomes).await?;
+    storage::record_verdicts(&client, &owner, &verdicts).await?;
     storage::backlog(&client).await?;
     storage::dead_rows(&client).await?;
     storage::requeue_dead(&client, None).await?;

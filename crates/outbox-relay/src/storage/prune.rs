@@ -1,0 +1,112 @@
+//! Retention: done and cancelled outbox rows, and processed events, deleted
+//! once older than `RETENTION_DAYS`, in short batches under an advisory lock.
+
+use std::time::Duration;
+
+use db::{Column, Executor, Sql, col};
+use tokio_postgres::types::Type;
+
+pub(crate) const PRUNE_OUTBOX: Sql = Sql::new(
+    "outbox-relay/prune_outbox.sql",
+    include_str!("prune_outbox.sql"),
+    &[Type::FLOAT8, Type::INT8, Type::INT8],
+)
+.returning(PRUNE_OUTBOX_COLUMNS);
+const PRUNE_OUTBOX_COLUMNS: &[Column] = &[col("held", Type::BOOL), col("deleted", Type::INT8)];
+
+pub(crate) const PRUNE_EVENTS: Sql = Sql::new(
+    "outbox-relay/prune_events.sql",
+    include_str!("prune_events.sql"),
+    &[Type::FLOAT8, Type::INT8, Type::INT8],
+)
+.returning(PRUNE_EVENTS_COLUMNS);
+const PRUNE_EVENTS_COLUMNS: &[Column] = &[col("held", Type::BOOL), col("deleted", Type::INT8)];
+
+/// Rows deleted per statement: small enough that each delete is short and
+/// never blocks the ingest or bloats one transaction.
+pub const PRUNE_BATCH: i64 = 1000;
+
+/// Advisory lock key of the pruner: one replica prunes at a time.
+const PRUNE_LOCK: i64 = 0x5052_554e_4552_0001;
+
+/// The pruner's session: a batch that waits on a lock or runs away fails
+/// after a minute (counted, logged, retried at the next run) rather than
+/// hanging the pruner unseen. Behind a transaction-mode pooler the role's
+/// own settings apply instead (deploy/sql/roles.sql).
+pub fn prune_connect_options() -> db::ConnectOptions {
+    db::ConnectOptions {
+        application_name: "outbox-relay-prune",
+        statement_timeout: Some(Duration::from_secs(60)),
+        abort_when_client_leaves: false,
+        asynchronous_commit: false,
+        pool_size: 1,
+        pool_wait: Duration::from_secs(5),
+    }
+}
+
+#[derive(Debug, Default, Clone, Copy, serde::Serialize)]
+pub struct Pruned {
+    pub outbox_rows: u64,
+    pub processed_events: u64,
+    /// False when another replica held the prune lock.
+    pub ran: bool,
+}
+
+/// Deletes done/cancelled outbox rows and processed events older than the
+/// retention, in batches of [`PRUNE_BATCH`], each its own short transaction
+/// under the pruner's lock. A replica that finds the lock taken stops: one
+/// replica prunes at a time, and none waits for another.
+pub async fn prune(
+    client: &(impl Executor + ?Sized),
+    retention_days: u32,
+) -> Result<Pruned, tokio_postgres::Error> {
+    let days = f64::from(retention_days);
+    let outbox = in_batches(client, &PRUNE_OUTBOX, days).await?;
+    let events = match outbox {
+        Batches::Finished { .. } => in_batches(client, &PRUNE_EVENTS, days).await?,
+        Batches::LockedOut { .. } => Batches::LockedOut { deleted: 0 },
+    };
+    Ok(Pruned {
+        outbox_rows: outbox.deleted(),
+        processed_events: events.deleted(),
+        // Anything deleted, or the lock at least once.
+        ran: outbox != Batches::LockedOut { deleted: 0 },
+    })
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Batches {
+    /// Every row past the retention is gone.
+    Finished { deleted: u64 },
+    /// Another replica held the lock at some batch: it carries on, we stop.
+    LockedOut { deleted: u64 },
+}
+
+impl Batches {
+    fn deleted(self) -> u64 {
+        match self {
+            Self::Finished { deleted } | Self::LockedOut { deleted } => deleted,
+        }
+    }
+}
+
+async fn in_batches(
+    client: &(impl Executor + ?Sized),
+    statement: &Sql,
+    days: f64,
+) -> Result<Batches, tokio_postgres::Error> {
+    let mut deleted = 0;
+    loop {
+        let row = statement
+            .query_one(client, &[&days, &PRUNE_BATCH, &PRUNE_LOCK])
+            .await?;
+        if !row.try_get::<_, bool>("held")? {
+            return Ok(Batches::LockedOut { deleted });
+        }
+        let n = row.try_get::<_, i64>("deleted")? as u64;
+        deleted += n;
+        if n < PRUNE_BATCH as u64 {
+            return Ok(Batches::Finished { deleted });
+        }
+    }
+}

@@ -1,0 +1,17 @@
+-- One batch of processed events past the retention, deleted oldest first
+-- under the pruner's advisory lock (see prune_outbox.sql). Once an event is
+-- gone, a redelivery of it would be processed as new. Returns whether the
+-- lock was had, and the rows deleted.
+-- $1 retention in days, $2 batch size, $3 the lock's key.
+WITH lock AS (
+    SELECT pg_try_advisory_xact_lock($3) AS held
+), pruned AS (
+    DELETE FROM processed_events
+     WHERE (SELECT held FROM lock) AND event_id IN (
+           SELECT event_id FROM processed_events
+            WHERE processed_at < now() - $1 * interval '1 day'
+            ORDER BY processed_at
+            LIMIT $2)
+    RETURNING 1
+)
+SELECT (SELECT held FROM lock) AS held, (SELECT count(*) FROM pruned) AS deleted

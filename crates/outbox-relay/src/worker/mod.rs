@@ -1,0 +1,180 @@
+//! The relay loop.
+//!
+//! ```text
+//!  claimer ──claim batch──▶ row tasks (≤ RELAY_CONCURRENCY calls in flight) ──verdict──▶ recorder
+//!     ▲  wakes on NOTIFY, a poll tick, or room freed                                     │
+//!     └──────────────────── room freed (rows recorded) ◀─────────────────────────────────┘
+//! ```
+//!
+//! - The claimer holds at most `RELAY_CONCURRENCY + RELAY_BATCH_SIZE` rows: the
+//!   calls in flight plus one batch waiting for a slot, so a slot never waits
+//!   for a claim round trip, and no more rows are leased than can be sent
+//!   well within their lease.
+//! - Verdicts are recorded in batches by one recorder: one statement per batch
+//!   instead of one per row.
+//! - Shutdown: the claimer stops; rows not yet started are released (back to
+//!   pending, due now, their attempt undone); calls in flight finish (each
+//!   bounded by the HTTP timeout) and are recorded; then the loop returns.
+//! - A panic while sending a row is contained to that row: it is recorded as
+//!   a failed attempt (retried after a backoff, dead when its attempts are
+//!   used up), so its room is freed like any other's.
+//! - One log line per finished call (done, retry or dead; none for a row
+//!   released unsent), inside the row's `outbox.dispatch` span so that it
+//!   carries the event's `event_id`, `trace_id` and `span_id` (README, Tracing one event).
+//!
+//! [`Relay::relay_once`] runs one claim-send-record pass to completion, for
+//! tests and tools that want to drain deterministically.
+//!
+//! # Layout
+//! - this file: [`Relay`], its one pass ([`Relay::relay_once`]) and its claim.
+//! - `row`: one claimed row's part: the recheck of a shipment that waited, the
+//!   lease check, the call and its log line, a panic contained.
+//! - `run`: the endless loop ([`Relay::run`]): the claimer and the row tasks.
+//! - `record`: the recorder: verdicts recorded in batches, and their metrics.
+
+mod record;
+mod row;
+mod run;
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{Notify, Semaphore};
+
+use crate::config::RelayConfig;
+use crate::dispatch::Endpoints;
+use crate::metrics::RelayMetrics;
+use crate::policy::RetryPolicy;
+use crate::storage::{self, ClaimedRow};
+
+use row::{RECHECK_AFTER, Settled};
+
+/// What one pass ([`Relay::relay_once`]) did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pass {
+    /// This many rows were claimed, and each was sent (or released) and recorded.
+    Relayed(usize),
+    /// Nothing was due.
+    Empty,
+}
+
+/// Health of the loop, for `/readyz`.
+#[derive(Debug, Default)]
+pub struct LoopHealth {
+    /// Unix ms of the last claim attempt that reached the database.
+    pub last_claim_ms: AtomicI64,
+    /// 1 while the LISTEN connection is up.
+    pub listening: AtomicUsize,
+}
+
+pub struct Relay {
+    pool: db::Pool,
+    http: reqwest::Client,
+    endpoints: Endpoints,
+    policy: RetryPolicy,
+    config: RelayConfig,
+    metrics: RelayMetrics,
+    /// Woken by NOTIFY (through the listener) and by freed room.
+    wake: Arc<Notify>,
+    pub health: Arc<LoopHealth>,
+}
+
+impl Relay {
+    pub fn new(pool: db::Pool, config: RelayConfig, metrics: RelayMetrics) -> anyhow::Result<Self> {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        // One client per process: connection pooling and keep-alive to each
+        // downstream host. The timeout bounds the whole call, connect included.
+        let http = reqwest::Client::builder()
+            .timeout(config.http_timeout)
+            .connect_timeout(config.http_timeout.min(Duration::from_secs(5)))
+            .pool_max_idle_per_host(config.concurrency as usize)
+            .pool_idle_timeout(Duration::from_secs(60))
+            .tcp_nodelay(true)
+            // A redirect on a POST is a misconfiguration, not something to follow.
+            .redirect(reqwest::redirect::Policy::none())
+            .user_agent(concat!("outbox-relay/", env!("CARGO_PKG_VERSION")))
+            .build()?;
+        Ok(Self {
+            pool,
+            http,
+            endpoints: Endpoints::new(&config.fulfilment_url, &config.email_url)
+                .map_err(anyhow::Error::msg)?,
+            policy: RetryPolicy {
+                max_attempts: config.max_attempts,
+                base: config.backoff_base,
+                max: config.backoff_max,
+            },
+            config,
+            metrics,
+            wake: Arc::new(Notify::new()),
+            health: Arc::new(LoopHealth::default()),
+        })
+    }
+
+    /// The handle NOTIFY wakes the claimer through.
+    pub fn waker(&self) -> Arc<Notify> {
+        self.wake.clone()
+    }
+
+    pub fn owner(&self) -> &str {
+        &self.config.owner
+    }
+
+    /// One claim, every call of the batch, one recording.
+    pub async fn relay_once(&self) -> anyhow::Result<Pass> {
+        self.relay_once_with(|row| self.send_or_release(row)).await
+    }
+
+    /// [`Relay::relay_once`] with `work` doing each row's part (in production
+    /// [`Relay::send_or_release`]; tests pass one that panics).
+    async fn relay_once_with<W, F>(&self, work: W) -> anyhow::Result<Pass>
+    where
+        W: Fn(ClaimedRow) -> F,
+        F: Future<Output = Settled>,
+    {
+        let rows = self.claim(self.config.batch_size as i64).await?;
+        if rows.is_empty() {
+            return Ok(Pass::Empty);
+        }
+        let n = rows.len();
+        let calls = Arc::new(Semaphore::new(self.config.concurrency as usize));
+        let work = &work;
+        let settled = futures_util::future::join_all(rows.into_iter().map(|row| {
+            let calls = calls.clone();
+            async move {
+                let waiting = Instant::now();
+                let _slot = calls.acquire().await.expect("never closed");
+                if waiting.elapsed() > RECHECK_AFTER && self.cancelled_while_waiting(&row).await {
+                    return Settled::released(row);
+                }
+                self.contain(row, work).await
+            }
+        }))
+        .await;
+        self.record(&settled).await?;
+        Ok(Pass::Relayed(n))
+    }
+
+    async fn claim(&self, limit: i64) -> anyhow::Result<Vec<ClaimedRow>> {
+        let client = self.pool.get().await?;
+        let rows = storage::claim_due_batch(
+            &client,
+            limit,
+            &self.config.owner,
+            self.config.lease,
+            self.config.max_attempts,
+        )
+        .await?;
+        self.health.last_claim_ms.store(now_ms(), Ordering::Relaxed);
+        Ok(rows)
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}

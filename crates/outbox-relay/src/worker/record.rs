@@ -1,0 +1,82 @@
+//! The recorder: verdicts recorded in batches (one statement for whatever
+//! has arrived), fenced on each row's claim, and counted in the metrics once
+//! recorded.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use super::Relay;
+use super::row::Settled;
+use crate::storage::{self, RowStatus, RowVerdict, Verdict};
+
+impl Relay {
+    /// Records verdicts (fenced on our lease) and the metrics of those recorded.
+    pub(super) async fn record(&self, settled: &[Settled]) -> anyhow::Result<()> {
+        let verdicts: Vec<RowVerdict> = settled.iter().map(|s| s.row.clone()).collect();
+        let client = self.pool.get().await?;
+        let recorded = storage::record_verdicts(&client, &self.config.owner, &verdicts).await?;
+        // Only what was recorded counts: a stale claim's verdict (the row
+        // was claimed again meanwhile) is dropped, and not counted either.
+        let recorded_ids: HashSet<i64> = recorded.iter().map(|r| r.id).collect();
+        for s in settled {
+            if s.row.verdict != Verdict::Release && recorded_ids.contains(&s.row.id) {
+                self.metrics.dispatched(&s.kind, &s.row.verdict, s.seconds);
+            }
+        }
+        for r in &recorded {
+            if r.status == RowStatus::Done {
+                self.metrics.enqueue_to_done.observe(r.age_seconds);
+            }
+        }
+        if recorded.len() < verdicts.len() {
+            tracing::warn!(
+                lost = verdicts.len() - recorded.len(),
+                "some rows were no longer ours (lease expired and taken): their outcome was not recorded"
+            );
+        }
+        Ok(())
+    }
+
+    /// Collects settled rows and records them in batches: whatever has
+    /// arrived when the previous batch is written goes into the next one.
+    pub(super) async fn recorder(
+        self: Arc<Self>,
+        mut rx: mpsc::UnboundedReceiver<Settled>,
+        held: Arc<AtomicUsize>,
+    ) {
+        let max = (self.config.batch_size as usize).max(1) * 2;
+        let mut batch = Vec::with_capacity(max);
+        while rx.recv_many(&mut batch, max).await > 0 {
+            let n = batch.len();
+            let mut attempt = 0u32;
+            loop {
+                // Verdicts are worth retrying hard: an unrecorded success is
+                // sent again after the lease expires (harmless, the key holds,
+                // but wasteful).
+                match self.record(&batch).await {
+                    Ok(()) => break,
+                    Err(e) => {
+                        attempt += 1;
+                        if attempt >= 20 {
+                            tracing::error!(
+                                error = format!("{e:#}"),
+                                rows = n,
+                                "could not record outcomes; their leases will expire and they will be retried"
+                            );
+                            break;
+                        }
+                        tracing::warn!(error = format!("{e:#}"), "recording outcomes failed; retrying");
+                        tokio::time::sleep(Duration::from_millis(100 * u64::from(attempt))).await;
+                    }
+                }
+            }
+            batch.clear();
+            held.fetch_sub(n, Ordering::AcqRel);
+            self.wake.notify_one();
+        }
+    }
+}

@@ -1,0 +1,115 @@
+//! The endless loop: the claimer keeps the held rows topped up, a task per
+//! row waits for a call slot and sends it, and the recorder (`record`)
+//! records what they settle and frees their room.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{Semaphore, mpsc};
+use tokio_util::sync::CancellationToken;
+
+use super::Relay;
+use super::row::{RECHECK_AFTER, Settled};
+use crate::storage::ClaimedRow;
+
+impl Relay {
+    /// Runs until `shutdown`: claims, sends and records continuously.
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        self.run_with(
+            shutdown,
+            |relay, row| async move { relay.send_or_release(row).await },
+        )
+        .await;
+    }
+
+    /// [`Relay::run`] with `work` doing each row's part (in production
+    /// [`Relay::send_or_release`]; tests pass one that panics).
+    pub(super) async fn run_with<W, F>(self: Arc<Self>, shutdown: CancellationToken, work: W)
+    where
+        W: Fn(Arc<Self>, ClaimedRow) -> F + Clone + Send + 'static,
+        F: Future<Output = Settled> + Send + 'static,
+    {
+        let concurrency = self.config.concurrency as usize;
+        let max_held = concurrency + self.config.batch_size as usize;
+        let held = Arc::new(AtomicUsize::new(0));
+        let calls = Arc::new(Semaphore::new(concurrency));
+        let (settled_tx, settled_rx) = mpsc::unbounded_channel::<Settled>();
+        let recorder = tokio::spawn(self.clone().recorder(settled_rx, held.clone()));
+        let mut claim_failures = 0u32;
+
+        while !shutdown.is_cancelled() {
+            let room = max_held.saturating_sub(held.load(Ordering::Acquire));
+            if room == 0 {
+                tokio::select! {
+                    _ = self.wake.notified() => {}
+                    _ = shutdown.cancelled() => break,
+                }
+                continue;
+            }
+            let want = room.min(self.config.batch_size as usize);
+            let rows = match self.claim(want as i64).await {
+                Ok(rows) => {
+                    claim_failures = 0;
+                    rows
+                }
+                Err(e) => {
+                    claim_failures += 1;
+                    if claim_failures == 1 || claim_failures.is_multiple_of(30) {
+                        tracing::warn!(error = format!("{e:#}"), "claim failed; retrying");
+                    }
+                    let pause = Duration::from_millis(200 * u64::from(claim_failures.min(10)));
+                    tokio::select! {
+                        _ = tokio::time::sleep(pause) => {}
+                        _ = shutdown.cancelled() => break,
+                    }
+                    continue;
+                }
+            };
+            let got = rows.len();
+            held.fetch_add(got, Ordering::AcqRel);
+            for row in rows {
+                let relay = self.clone();
+                let calls = calls.clone();
+                let settled_tx = settled_tx.clone();
+                let shutdown = shutdown.clone();
+                let work = work.clone();
+                tokio::spawn(async move {
+                    let waiting = Instant::now();
+                    let started = tokio::select! {
+                        biased;
+                        _ = shutdown.cancelled() => None,
+                        slot = calls.acquire_owned() => slot.ok(),
+                    };
+                    let waited = waiting.elapsed() > RECHECK_AFTER;
+                    // Exactly one `Settled` per held row, whatever happens
+                    // in the send: the recorder gives the room back on it.
+                    let settled = match started {
+                        Some(_slot) if waited && relay.cancelled_while_waiting(&row).await => {
+                            Settled::released(row)
+                        }
+                        Some(_slot) => {
+                            let sender = relay.clone();
+                            relay.contain(row, move |row| work(sender, row)).await
+                        }
+                        // Never sent: hand it back for another relay, at once.
+                        None => Settled::released(row),
+                    };
+                    let _ = settled_tx.send(settled);
+                });
+            }
+            if got < want {
+                // Drained: sleep until a NOTIFY, the poll tick, or shutdown.
+                tokio::select! {
+                    _ = self.wake.notified() => {}
+                    _ = tokio::time::sleep(self.config.poll_interval) => {}
+                    _ = shutdown.cancelled() => break,
+                }
+            }
+        }
+        drop(settled_tx);
+        // Every spawned row task finishes (calls bounded by the HTTP timeout)
+        // and the recorder flushes them all before returning.
+        let _ = recorder.await;
+    }
+}
