@@ -4,8 +4,9 @@
 //! The promise: an order is shipped at most once, never after its refund
 //! unless that shipment call was already under way (claimed by a relay) when
 //! the refund committed, gets one confirmation when paid, and at most one
-//! refund notice ever. The relay's `audit --downstream-stats` counts effects
-//! in total; this one names the orders that break a rule ([`rules::Rule`]).
+//! refund notice ever, and every command in the outbox has exactly one
+//! effect at the downstream. [`totals`] compares the counts; [`rules`] names
+//! the orders that break a rule ([`rules::Rule`]).
 //!
 //! The downstream is read first, the database second: every effect seen was
 //! caused by rows already committed, so an order still being processed
@@ -13,10 +14,15 @@
 //! expects the relay to have drained its outbox (`make run` waits for it).
 //!
 //! # Layout
-//! - [`rules`]: the rules over in-memory inputs, the report and its table.
-//! - `events.sql`, `orders.sql`: what the database says, one statement each.
+//! - [`totals`]: effects against commands, in totals, and their table.
+//! - [`rules`]: the per-order rules over in-memory inputs, and their table.
+//! - [`report`]: both, as one [`Report`].
+//! - here: reading the downstream and the database; one `.sql` file per
+//!   statement beside this one.
 
+pub mod report;
 pub mod rules;
+pub mod totals;
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -28,7 +34,9 @@ use reqwest::Url;
 use tokio_postgres::types::Type;
 
 use crate::downstream::Stats;
-pub use rules::{Finding, Ledger, Payment, Report, Rule};
+pub use report::Report;
+pub use rules::{Finding, Ledger, Payment, PerOrder, Rule};
+pub use totals::{CommandCount, DownstreamEffects, ExactlyOnce, RowStatus, Totals};
 
 /// What to audit, and how.
 #[derive(Debug, Clone)]
@@ -70,15 +78,42 @@ pub const ORDER_STATUSES: Sql = Sql::new(
 .returning(STATUS_COLUMNS);
 const STATUS_COLUMNS: &[Column] = &[col("id", Type::INT8), col("status", Type::TEXT)];
 
+/// Events first processed in the window, by status, with their deliveries.
+pub const EVENTS_BY_STATUS: Sql = Sql::new(
+    "simulator/audit/events_by_status.sql",
+    include_str!("events_by_status.sql"),
+    &[Type::FLOAT8],
+)
+.returning(EVENTS_BY_STATUS_COLUMNS);
+const EVENTS_BY_STATUS_COLUMNS: &[Column] = &[
+    col("status", Type::TEXT),
+    col("events", Type::INT8),
+    col("deliveries", Type::INT8),
+];
+
+/// Outbox rows created in the window, by kind and status.
+pub const COMMANDS: Sql = Sql::new(
+    "simulator/audit/commands.sql",
+    include_str!("commands.sql"),
+    &[Type::FLOAT8],
+)
+.returning(COMMAND_COLUMNS);
+const COMMAND_COLUMNS: &[Column] = &[
+    col("kind", Type::TEXT),
+    col("status", Type::TEXT),
+    col("commands", Type::INT8),
+];
+
 /// Every statement the audit runs, for the workspace's test that prepares
 /// each one against the migrated schema.
-pub const STATEMENTS: &[&Sql] = &[&PAYMENTS, &ORDER_STATUSES];
+pub const STATEMENTS: &[&Sql] = &[&PAYMENTS, &ORDER_STATUSES, &EVENTS_BY_STATUS, &COMMANDS];
 
 /// How long the downstream may take to serialise its stats: with keys, a run
 /// over 50,000 orders is tens of MB.
 const STATS_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// Reads the downstream, then the database, and checks every rule.
+/// Reads the downstream, then the database; compares the totals and checks
+/// every per-order rule.
 pub async fn run(config: &AuditConfig) -> anyhow::Result<Report> {
     let stats = fetch_stats(&config.downstream).await?;
     let client = config
@@ -93,7 +128,57 @@ pub async fn run(config: &AuditConfig) -> anyhow::Result<Report> {
         .map(|((order, _), _)| order)
         .collect();
     let ledger = read_ledger(&client, &refund_notices, config.since).await?;
-    rules::check(&ledger, &stats, config.lease, config.since).map_err(anyhow::Error::msg)
+    let per_order = rules::check(&ledger, &stats, config.lease, config.since).map_err(anyhow::Error::msg)?;
+    let totals = read_totals(&client, &stats, config.since).await?;
+    Ok(Report {
+        exactly_once: totals::compare(&totals),
+        totals,
+        per_order,
+    })
+}
+
+/// The window's events and commands from the database, beside the
+/// downstream's effects.
+pub async fn read_totals(
+    client: &tokio_postgres::Client,
+    stats: &Stats,
+    since: Option<Duration>,
+) -> anyhow::Result<Totals> {
+    let since_secs = since.map(|s| s.as_secs_f64());
+    let mut totals = Totals {
+        downstream: DownstreamEffects::of(stats),
+        ..Totals::default()
+    };
+    let events = EVENTS_BY_STATUS
+        .query(client, &[&since_secs])
+        .await
+        .context("counting processed_events")?;
+    for row in events {
+        let status: String = row.try_get("status")?;
+        let (events, deliveries): (i64, i64) = (row.try_get("events")?, row.try_get("deliveries")?);
+        totals.distinct_events += events;
+        totals.deliveries += deliveries;
+        totals.events_by_status.push((status, events));
+    }
+    totals.duplicate_deliveries = totals.deliveries - totals.distinct_events;
+    let commands = COMMANDS
+        .query(client, &[&since_secs])
+        .await
+        .context("counting outbox rows")?;
+    totals.commands = commands
+        .into_iter()
+        .map(|row| {
+            let kind: String = row.try_get("kind")?;
+            let status: String = row.try_get("status")?;
+            Ok(CommandCount {
+                kind: CommandKind::parse(&kind).with_context(|| format!("an outbox row of kind {kind:?}"))?,
+                status: RowStatus::parse(&status)
+                    .with_context(|| format!("an outbox row in status {status:?}"))?,
+                count: row.try_get("commands")?,
+            })
+        })
+        .collect::<anyhow::Result<_>>()?;
+    Ok(totals)
 }
 
 /// `GET /stats`, keys included, into the downstream's own type.

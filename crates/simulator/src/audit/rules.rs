@@ -92,7 +92,7 @@ pub struct Finding {
 
 /// Every rule, in [`Rule::ALL`] order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Report {
+pub struct PerOrder {
     pub lease_secs: u64,
     /// Seconds back from the database's clock that paid orders were
     /// checked for a confirmation; `None`: every paid order.
@@ -102,7 +102,7 @@ pub struct Report {
     pub violations: u64,
 }
 
-impl Report {
+impl PerOrder {
     pub fn passed(&self) -> bool {
         self.violations == 0
     }
@@ -155,7 +155,7 @@ pub fn check(
     stats: &Stats,
     lease: Duration,
     since: Option<Duration>,
-) -> Result<Report, String> {
+) -> Result<PerOrder, String> {
     let keys = stats
         .keys
         .as_ref()
@@ -219,7 +219,7 @@ pub fn check(
             }
         })
         .collect::<Vec<_>>();
-    Ok(Report {
+    Ok(PerOrder {
         lease_secs: lease.as_secs(),
         since_secs: since.map(|s| s.as_secs()),
         violations: findings.iter().map(|f| f.count).sum(),
@@ -227,19 +227,9 @@ pub fn check(
     })
 }
 
-impl fmt::Display for Report {
-    /// The table `make run` prints after the relay's audit.
+impl fmt::Display for PerOrder {
+    /// The table of rules, with a count and example orders each.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let window = match self.since_secs {
-            Some(secs) => format!("payments of the last {secs} s"),
-            None => "every payment".to_owned(),
-        };
-        writeln!(
-            f,
-            "Per-order audit: the downstream's records against the database (lease {} s, {window})",
-            self.lease_secs
-        )?;
-        writeln!(f)?;
         writeln!(f, "  {:<66} {:>6}  examples (order ids)", "rule", "count")?;
         for finding in &self.findings {
             let row = format!("  {:<66} {:>6}", finding.title, finding.count);

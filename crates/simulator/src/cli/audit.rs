@@ -29,8 +29,9 @@ pub struct AuditArgs {
           value_parser = clap::value_parser!(u64).range(1..))]
     pub lease_secs: u64,
 
-    /// Only orders paid this many seconds back (by the database's clock)
-    /// need their confirmation at this downstream; default: every paid order.
+    /// Only events and outbox rows of this many seconds back (by the
+    /// database's clock) are counted, and only orders paid then need their
+    /// confirmation at this downstream; default: everything.
     #[arg(long, env = "AUDIT_SINCE_SECS", value_name = "AUDIT_SINCE_SECS")]
     pub since_secs: Option<u64>,
 

@@ -55,10 +55,12 @@ pub enum Command {
     /// `Idempotent-Replayed: true` on a replay) and the ingest's answer.
     /// Exit 0 on a 2xx, 1 otherwise.
     Send(SendArgs),
-    /// The product's promise checked per order after a run: the downstream's
-    /// own records (GET /stats with keys) against the database's orders and
-    /// processed events. Prints a table of rules with a count and example
-    /// order ids each; exit 0 if every rule held, 1 otherwise.
+    /// The product's promise checked after a run: the downstream's own
+    /// records (GET /stats with keys) against the database. In totals, every
+    /// command in the outbox had exactly one effect; per order, its shipment,
+    /// confirmation and refund notice follow the rules. Prints the totals, a
+    /// table of rules with a count and example order ids each, and the
+    /// "exactly once" line; exit 0 if both held, 1 otherwise.
     Audit(AuditArgs),
 }
 

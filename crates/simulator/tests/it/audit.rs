@@ -37,6 +37,21 @@ async fn seed(db: &TestDb, orders: &[(i64, &str)], events: &[(i64, &str, &str, u
     }
 }
 
+/// Outbox rows `(kind, order, status)`, as the ingest and the relay leave them.
+async fn commands(db: &TestDb, rows: &[(&str, i64, &str)]) {
+    let client = db.client().await;
+    for (kind, order, status) in rows {
+        client
+            .execute(
+                "INSERT INTO outbox (kind, payload, idempotency_key, status, event_id, order_id)
+                 VALUES ($1, '{}', $1 || '-' || $2::bigint, $3, 'evt_' || $2::bigint, $2::bigint)",
+                &[kind, order, status],
+            )
+            .await
+            .unwrap();
+    }
+}
+
 async fn ship(sim: &TestDownstream, key: &str, order: i64) {
     assert_eq!(sim.post("/shipments", key, &shipment(order)).await.status, 201);
 }
@@ -137,7 +152,7 @@ async fn every_rule_broken_once_is_reported_with_its_order() {
     assert_eq!(examples(&report, Rule::PaidUnconfirmed), [5], "{report}");
     let doubled = report.finding(Rule::DoubleEffects);
     assert_eq!((doubled.count, doubled.examples.clone()), (2, vec![3, 6]));
-    assert_eq!(report.violations, 7);
+    assert_eq!(report.per_order.violations, 7);
 
     let (passed, table, json) = run_binary(&db, &sim).await;
     assert!(!passed, "{table}");
@@ -178,6 +193,18 @@ async fn a_clean_history_passes_and_the_window_bounds_confirmations() {
         ],
     )
     .await;
+    commands(
+        &db,
+        &[
+            ("ship_order", 10, "done"),
+            ("send_confirmation", 10, "done"),
+            ("ship_order", 11, "done"),
+            ("send_confirmation", 11, "done"),
+            ("send_refund_notice", 11, "done"),
+            ("send_refund_notice", 12, "done"),
+        ],
+    )
+    .await;
     let sim = spawn().await;
     ship(&sim, "ship-10", 10).await;
     send(&sim, "conf-10", 10, "order_confirmation").await;
@@ -194,6 +221,7 @@ async fn a_clean_history_passes_and_the_window_bounds_confirmations() {
     assert!(report.passed(), "{report}");
     assert!(
         report
+            .per_order
             .findings
             .iter()
             .all(|f| f.count == 0 && f.examples.is_empty())
@@ -201,7 +229,7 @@ async fn a_clean_history_passes_and_the_window_bounds_confirmations() {
 
     let everything = audit::run(&config(&db, &sim, None)).await.unwrap();
     assert_eq!(examples(&everything, Rule::PaidUnconfirmed), [14], "{everything}");
-    assert_eq!(everything.violations, 1);
+    assert_eq!(everything.per_order.violations, 1);
 
     let mut command = Command::new(BIN);
     command
@@ -215,6 +243,70 @@ async fn a_clean_history_passes_and_the_window_bounds_confirmations() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(table.contains("per-order rules: all held"), "{table}");
+    // Payment 14 is older than the window: six events, each delivered once.
+    assert!(
+        table.contains(
+            "exactly once: 2 shipments and 4 emails for 6 events and 6 deliveries; double effects 0"
+        ),
+        "{table}"
+    );
+}
+
+/// Effects the outbox does not account for, or commands left undone, break
+/// "exactly once" even when every per-order rule holds.
+#[tokio::test]
+async fn effects_against_commands_are_compared_in_totals() {
+    let db = TestDb::new().await;
+    seed(
+        &db,
+        &[(20, "paid"), (21, "paid")],
+        &[
+            (20, "payment.succeeded", "processed", 10),
+            (21, "payment.succeeded", "processed", 10),
+        ],
+    )
+    .await;
+    commands(
+        &db,
+        &[
+            ("ship_order", 20, "done"),
+            ("send_confirmation", 20, "done"),
+            ("ship_order", 21, "pending"),
+            ("send_confirmation", 21, "done"),
+        ],
+    )
+    .await;
+    let sim = spawn().await;
+    ship(&sim, "ship-20", 20).await;
+    send(&sim, "conf-20", 20, "order_confirmation").await;
+    send(&sim, "conf-21", 21, "order_confirmation").await;
+    // An email no command asked for.
+    send(&sim, "conf-21-stray", 22, "order_confirmation").await;
+
+    let report = audit::run(&config(&db, &sim, None)).await.unwrap();
+    assert!(report.per_order.passed(), "{report}");
+    assert!(!report.passed(), "{report}");
+    assert_eq!(
+        report.exactly_once.problems,
+        [
+            "1 commands still pending, 0 dead",
+            "emails at the downstream 3 != email commands delivered 2"
+        ]
+    );
+    assert_eq!((report.totals.distinct_events, report.totals.deliveries), (2, 2));
+
+    let (passed, table, json) = run_binary(&db, &sim).await;
+    assert!(!passed, "{table}");
+    assert!(
+        table.contains("exactly once: NOT held: 1 commands still pending"),
+        "{table}"
+    );
+    assert_eq!(json["exactly_once"]["held"], false);
+    assert_eq!(json["downstream"]["emails"], 3);
+    assert_eq!(
+        json["commands"][0],
+        serde_json::json!(["send_confirmation", "done", 2])
+    );
 }
 
 #[tokio::test]
