@@ -19,4 +19,4 @@ pub mod order;
 
 pub use command::{Command, CommandKind, Endpoint, OutboxPayload, PAYLOAD_VERSION, PayloadError};
 pub use event::{EventError, EventKind, MAX_ID_LEN, ProviderEvent};
-pub use order::{OrderStatus, Outcome, Transition, transition};
+pub use order::{EventOutcome, OrderStatus, Transition, transition};

@@ -32,10 +32,12 @@ impl OrderStatus {
     }
 }
 
-/// The `status` of a processed event: what the provider reads in the response
-/// and what `events list --status` filters on.
+/// What became of a processed event: its `status` in `processed_events` and
+/// in the response the provider reads, and what `events list --status`
+/// filters on. Written by its [`as_str`](Self::as_str) name (also its JSON
+/// form), which never changes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Outcome {
+pub enum EventOutcome {
     /// A payment for a pending order: paid, shipment and confirmation enqueued.
     Processed,
     /// An event type we do not act on; recorded so a retry replays.
@@ -51,8 +53,8 @@ pub enum Outcome {
     OrderRefunded,
 }
 
-impl Outcome {
-    pub const ALL: [Outcome; 6] = [
+impl EventOutcome {
+    pub const ALL: [EventOutcome; 6] = [
         Self::Processed,
         Self::Ignored,
         Self::Unmatched,
@@ -77,10 +79,22 @@ impl Outcome {
     }
 }
 
+impl std::fmt::Display for EventOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+impl serde::Serialize for EventOutcome {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
 /// What one event does to one order in one state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Transition {
-    pub outcome: Outcome,
+    pub outcome: EventOutcome,
     /// The order's new status, if it changes.
     pub set_status: Option<OrderStatus>,
     /// Commands to enqueue for the order, in this order.
@@ -94,7 +108,7 @@ pub struct Transition {
 const NOTHING: &[CommandKind] = &[];
 
 impl Transition {
-    const fn record(outcome: Outcome) -> Self {
+    const fn record(outcome: EventOutcome) -> Self {
         Self {
             outcome,
             set_status: None,
@@ -109,22 +123,22 @@ impl Transition {
 pub fn transition(kind: EventKind, order: Option<OrderStatus>) -> Transition {
     use OrderStatus::*;
     match (kind, order) {
-        (EventKind::Other, _) => Transition::record(Outcome::Ignored),
-        (_, None) => Transition::record(Outcome::Unmatched),
+        (EventKind::Other, _) => Transition::record(EventOutcome::Ignored),
+        (_, None) => Transition::record(EventOutcome::Unmatched),
         (EventKind::PaymentSucceeded, Some(Pending)) => Transition {
-            outcome: Outcome::Processed,
+            outcome: EventOutcome::Processed,
             set_status: Some(Paid),
             enqueue: &[CommandKind::ShipOrder, CommandKind::SendConfirmation],
             cancel_pending_shipments: false,
         },
-        (EventKind::PaymentSucceeded, Some(Paid)) => Transition::record(Outcome::AlreadyPaid),
-        (EventKind::PaymentSucceeded, Some(Refunded)) => Transition::record(Outcome::OrderRefunded),
+        (EventKind::PaymentSucceeded, Some(Paid)) => Transition::record(EventOutcome::AlreadyPaid),
+        (EventKind::PaymentSucceeded, Some(Refunded)) => Transition::record(EventOutcome::OrderRefunded),
         // A refund wins whatever the order's state, including one that was
         // never paid (the refund overtook the payment): the order is refunded
         // and gets its one refund notice. Only a paid order can have a
         // shipment to stop.
         (EventKind::PaymentRefunded, Some(state @ (Pending | Paid))) => Transition {
-            outcome: Outcome::Refunded,
+            outcome: EventOutcome::Refunded,
             set_status: Some(Refunded),
             enqueue: &[CommandKind::SendRefundNotice],
             cancel_pending_shipments: state == Paid,
@@ -133,7 +147,7 @@ pub fn transition(kind: EventKind, order: Option<OrderStatus>) -> Transition {
         // else. The order's status is the memory of "at most one notice per
         // order, ever": it outlives the retention that deletes the first
         // notice's outbox row and the first refund's event.
-        (EventKind::PaymentRefunded, Some(Refunded)) => Transition::record(Outcome::Refunded),
+        (EventKind::PaymentRefunded, Some(Refunded)) => Transition::record(EventOutcome::Refunded),
     }
 }
 
@@ -163,11 +177,11 @@ mod tests {
             assert_eq!(t.enqueue, enqueue, "{kind:?} {state:?}");
             assert_eq!(t.cancel_pending_shipments, cancel, "{kind:?} {state:?}");
         };
-        expect(PaymentSucceeded, None, Outcome::Unmatched, None, &[], false);
+        expect(PaymentSucceeded, None, EventOutcome::Unmatched, None, &[], false);
         expect(
             PaymentSucceeded,
             Some(Pending),
-            Outcome::Processed,
+            EventOutcome::Processed,
             Some(Paid),
             &[ShipOrder, SendConfirmation],
             false,
@@ -175,7 +189,7 @@ mod tests {
         expect(
             PaymentSucceeded,
             Some(Paid),
-            Outcome::AlreadyPaid,
+            EventOutcome::AlreadyPaid,
             None,
             &[],
             false,
@@ -183,16 +197,16 @@ mod tests {
         expect(
             PaymentSucceeded,
             Some(Refunded),
-            Outcome::OrderRefunded,
+            EventOutcome::OrderRefunded,
             None,
             &[],
             false,
         );
-        expect(PaymentRefunded, None, Outcome::Unmatched, None, &[], false);
+        expect(PaymentRefunded, None, EventOutcome::Unmatched, None, &[], false);
         expect(
             PaymentRefunded,
             Some(Pending),
-            Outcome::Refunded,
+            EventOutcome::Refunded,
             Some(Refunded),
             &[SendRefundNotice],
             false,
@@ -200,7 +214,7 @@ mod tests {
         expect(
             PaymentRefunded,
             Some(Paid),
-            Outcome::Refunded,
+            EventOutcome::Refunded,
             Some(Refunded),
             &[SendRefundNotice],
             true,
@@ -208,13 +222,13 @@ mod tests {
         expect(
             PaymentRefunded,
             Some(Refunded),
-            Outcome::Refunded,
+            EventOutcome::Refunded,
             None,
             &[],
             false,
         );
         for state in states() {
-            expect(Other, state, Outcome::Ignored, None, &[], false);
+            expect(Other, state, EventOutcome::Ignored, None, &[], false);
         }
     }
 
@@ -274,10 +288,16 @@ mod tests {
         for s in OrderStatus::ALL {
             assert_eq!(OrderStatus::parse(s.as_str()), Some(s));
         }
-        for o in Outcome::ALL {
-            assert_eq!(Outcome::parse(o.as_str()), Some(o));
+        for o in EventOutcome::ALL {
+            assert_eq!(EventOutcome::parse(o.as_str()), Some(o));
         }
         assert_eq!(OrderStatus::parse("shipped"), None);
-        assert_eq!(Outcome::parse("duplicate"), None);
+        assert_eq!(EventOutcome::parse("duplicate"), None);
+        assert_eq!(
+            serde_json::to_string(&EventOutcome::AlreadyPaid).unwrap(),
+            r#""already_paid""#
+        );
+        assert_eq!(EventOutcome::OrderRefunded.to_string(), "order_refunded");
+        assert_eq!(format!("{:<10}|", EventOutcome::Ignored), "ignored   |");
     }
 }

@@ -3,6 +3,8 @@
 
 use std::io::Write as _;
 
+use domain::EventOutcome;
+
 use crate::storage::{self, EventRow};
 
 pub async fn list(
@@ -11,12 +13,14 @@ pub async fn list(
     json: bool,
     limit: i64,
 ) -> anyhow::Result<()> {
-    if let Some(s) = status {
-        anyhow::ensure!(
-            domain::Outcome::parse(s).is_some(),
-            "unknown status `{s}` (processed, refunded, ignored, unmatched, already_paid, order_refunded)"
-        );
-    }
+    let status = status
+        .map(|s| {
+            EventOutcome::parse(s).ok_or_else(|| {
+                let known: Vec<_> = EventOutcome::ALL.iter().map(|o| o.as_str()).collect();
+                anyhow::anyhow!("unknown status `{s}` ({})", known.join(", "))
+            })
+        })
+        .transpose()?;
     let client = database.connect("webhook-ingest-cli").await?;
     let rows = storage::list_events(&client, status, limit).await?;
     let mut out = std::io::stdout().lock();

@@ -10,17 +10,18 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use actix_web::{HttpRequest, HttpResponse, web};
 use bytes::BytesMut;
-use domain::{Outcome, ProviderEvent};
+use domain::ProviderEvent;
 use futures_util::StreamExt as _;
 use tokio::time::timeout_at;
 use tokio_postgres::CancelToken;
+use tokio_postgres::error::SqlState;
 use tracing::Instrument as _;
 use tracing::field::Empty;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use crate::error::{IngestError, MAX_BODY_BYTES};
 use crate::metrics::IngestMetrics;
-use crate::storage::{self, Recorded};
+use crate::storage::{self, Delivery, Recorded};
 
 /// Header marking a replayed response.
 pub const REPLAYED_HEADER: &str = "Idempotent-Replayed";
@@ -71,12 +72,11 @@ pub async fn receive(req: HttpRequest, body: web::Payload, state: web::Data<AppS
         };
         let (response, outcome) = match result {
             Ok(recorded) => {
-                let outcome = if recorded.claimed {
-                    outcome_of(&recorded)
-                } else {
-                    "duplicate"
+                let outcome = match recorded.delivery {
+                    Delivery::First { outcome, .. } => outcome.as_str(),
+                    Delivery::Replay => "duplicate",
                 };
-                tracing::info!(outcome, enqueued = recorded.enqueued, "webhook accepted");
+                tracing::info!(outcome, enqueued = recorded.enqueued(), "webhook accepted");
                 (accepted(recorded), outcome)
             }
             Err(err) => {
@@ -108,15 +108,10 @@ pub async fn receive(req: HttpRequest, body: web::Payload, state: web::Data<AppS
 fn accepted(recorded: Recorded) -> HttpResponse {
     let mut response = HttpResponse::Ok();
     response.content_type("application/json");
-    if !recorded.claimed {
+    if recorded.delivery == Delivery::Replay {
         response.insert_header((REPLAYED_HEADER, "true"));
     }
     response.body(recorded.body)
-}
-
-/// The metric label of a newly processed event: its recorded status.
-fn outcome_of(recorded: &Recorded) -> &'static str {
-    Outcome::parse(&recorded.status).map_or("processed", Outcome::as_str)
 }
 
 async fn process(
@@ -175,7 +170,7 @@ async fn process(
     drop(client);
     match result {
         Ok(recorded) => {
-            if recorded.enqueued > 0 {
+            if recorded.enqueued() > 0 {
                 state.notifier.notify();
             }
             Ok(recorded)
@@ -271,10 +266,10 @@ where
         match answered {
             Ok((client, Ok(recorded))) => {
                 tracing::warn!(
-                    claimed = recorded.claimed,
+                    claimed = recorded.delivery != Delivery::Replay,
                     "the statement committed after all (the cancel came too late): the provider's retry will be answered with the stored result"
                 );
-                if recorded.enqueued > 0 {
+                if recorded.enqueued() > 0 {
                     notifier.notify();
                 }
                 client.discard();
@@ -302,13 +297,18 @@ where
     let _ = tokio::time::timeout(CANCEL_GRACE, ended_rx).await;
 }
 
-/// Errors a retry may cure: the database unreachable, restarting, overloaded,
-/// a statement cancelled by its timeout, a serialisation conflict.
+/// Errors a retry may cure besides the database unreachable, restarting or
+/// overloaded: a statement cancelled by its timeout, a serialisation
+/// conflict, a deadlock, a lock not granted.
+const RETRYABLE: [SqlState; 4] = [
+    SqlState::QUERY_CANCELED,
+    SqlState::T_R_SERIALIZATION_FAILURE,
+    SqlState::T_R_DEADLOCK_DETECTED,
+    SqlState::LOCK_NOT_AVAILABLE,
+];
+
 fn is_retryable(err: &tokio_postgres::Error) -> bool {
-    db::is_connectivity_error(err)
-        || err
-            .code()
-            .is_some_and(|c| matches!(c.code(), "57014" | "40001" | "40P01" | "55P03"))
+    db::is_connectivity_error(err) || err.code().is_some_and(|c| RETRYABLE.contains(c))
 }
 
 async fn read_body(req: &HttpRequest, mut payload: web::Payload) -> Result<bytes::Bytes, IngestError> {

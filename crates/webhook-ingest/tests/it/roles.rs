@@ -131,7 +131,7 @@ async fn exercise(
         let parsed = domain::ProviderEvent::parse(body.as_bytes()).unwrap();
         storage::record_event(&client, &parsed, &body, None).await?;
     }
-    storage::list_events(&client, Some("refunded"), 10).await?;
+    storage::list_events(&client, Some(domain::EventOutcome::Refunded), 10).await?;
     db::schema_status(&client).await?;
     Ok(())
 }

@@ -1,0 +1,218 @@
+//! Recording one delivery: the claim-and-apply statement an event's kind
+//! needs (see [`Shape`]), one round trip, and its answer decoded.
+
+use db::{Sql, col};
+use domain::{CommandKind, EventOutcome, PAYLOAD_VERSION, ProviderEvent};
+use tokio_postgres::Row;
+use tokio_postgres::types::Type;
+
+use super::StoredOutcome;
+use super::plan::{Plan, Shape};
+
+/// What every record statement returns.
+const RECORDED: &[db::Column] = &[
+    col("claimed", Type::BOOL),
+    col("body", Type::TEXT),
+    col("status", Type::TEXT),
+    col("enqueued", Type::INT4),
+];
+
+/// Claim, change the order, enqueue: events that stop nothing (payments).
+pub(super) const RECORD_EVENT: Sql = Sql::new(
+    "webhook-ingest/record_event.sql",
+    include_str!("record_event.sql"),
+    &[
+        Type::TEXT, // event_id
+        Type::TEXT, // event_type
+        Type::TEXT, // payment_id
+        Type::TEXT, // plan (JSON)
+        Type::TEXT, // body (JSON)
+        Type::TEXT, // trace_context
+        Type::INT4, // payload_version
+    ],
+)
+.returning(RECORDED);
+
+/// The same, and stop the order's shipment (refunds).
+pub(super) const RECORD_EVENT_STOPPING_SHIPMENT: Sql = Sql::new(
+    "webhook-ingest/record_event_stopping_shipment.sql",
+    include_str!("record_event_stopping_shipment.sql"),
+    &[
+        Type::TEXT, // event_id
+        Type::TEXT, // event_type
+        Type::TEXT, // payment_id
+        Type::TEXT, // plan (JSON)
+        Type::TEXT, // body (JSON)
+        Type::TEXT, // trace_context
+        Type::INT4, // payload_version
+        Type::TEXT, // shipment_kind
+        Type::TEXT, // shipment_key_prefix
+    ],
+)
+.returning(RECORDED);
+
+/// The claim alone (types we ignore).
+pub(super) const RECORD_CLAIM_ONLY: Sql = Sql::new(
+    "webhook-ingest/record_claim_only.sql",
+    include_str!("record_claim_only.sql"),
+    &[Type::TEXT, Type::TEXT, Type::TEXT, Type::TEXT, Type::TEXT],
+)
+.returning(RECORDED);
+
+/// The shipment a refund stops.
+const SHIPMENT: CommandKind = CommandKind::ShipOrder;
+
+/// What happened to one delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recorded {
+    /// The stored result: the response body of every delivery of this id.
+    pub body: String,
+    pub delivery: Delivery,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// The first delivery of this id: the event was applied with this
+    /// outcome, and `enqueued` commands were written to the outbox.
+    First { outcome: EventOutcome, enqueued: i32 },
+    /// A later delivery of an id already claimed: nothing changed but its
+    /// count, and it is answered with the stored result.
+    Replay,
+}
+
+impl Recorded {
+    /// Commands this delivery enqueued (none on a replay).
+    pub fn enqueued(&self) -> i32 {
+        match self.delivery {
+            Delivery::First { enqueued, .. } => enqueued,
+            Delivery::Replay => 0,
+        }
+    }
+
+    fn from_row(row: &Row) -> Result<Self, tokio_postgres::Error> {
+        let delivery = if row.try_get("claimed")? {
+            Delivery::First {
+                // Decoded only here: a replay's stored status is never read,
+                // so one written by a newer version still replays.
+                outcome: row.try_get::<_, StoredOutcome>("status")?.0,
+                enqueued: row.try_get("enqueued")?,
+            }
+        } else {
+            Delivery::Replay
+        };
+        Ok(Self {
+            body: row.try_get("body")?,
+            delivery,
+        })
+    }
+}
+
+/// Claims and applies one verified event; see the module documentation.
+/// One round trip in either pool mode (see [`db::sql`]).
+pub async fn record_event(
+    client: &db::Client,
+    event: &ProviderEvent,
+    raw_body: &str,
+    trace_context: Option<&str>,
+) -> Result<Recorded, tokio_postgres::Error> {
+    let plan = Plan::of_kind(event.kind);
+    let row = match plan.shape {
+        Shape::ClaimOnly(outcome) => {
+            RECORD_CLAIM_ONLY
+                .query_one(
+                    client,
+                    &[
+                        &event.id,
+                        &event.event_type,
+                        &outcome.as_str(),
+                        &raw_body,
+                        &trace_context,
+                    ],
+                )
+                .await?
+        }
+        Shape::Apply => {
+            RECORD_EVENT
+                .query_one(
+                    client,
+                    &[
+                        &event.id,
+                        &event.event_type,
+                        &event.payment_id,
+                        &plan.json,
+                        &raw_body,
+                        &trace_context,
+                        &PAYLOAD_VERSION,
+                    ],
+                )
+                .await?
+        }
+        Shape::ApplyStoppingShipment => {
+            RECORD_EVENT_STOPPING_SHIPMENT
+                .query_one(
+                    client,
+                    &[
+                        &event.id,
+                        &event.event_type,
+                        &event.payment_id,
+                        &plan.json,
+                        &raw_body,
+                        &trace_context,
+                        &PAYLOAD_VERSION,
+                        &SHIPMENT.as_str(),
+                        &SHIPMENT.key_prefix(),
+                    ],
+                )
+                .await?
+        }
+    };
+    Recorded::from_row(&row)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::plan::NO_ORDER;
+
+    #[test]
+    fn only_the_refunds_statement_stops_a_shipment() {
+        assert!(!RECORD_EVENT.text.contains("stopped AS"));
+        assert!(RECORD_EVENT_STOPPING_SHIPMENT.text.contains("stopped AS"));
+    }
+
+    #[test]
+    fn the_statements_look_the_plan_up_by_the_plans_own_keys() {
+        for sql in [&RECORD_EVENT, &RECORD_EVENT_STOPPING_SHIPMENT] {
+            assert!(
+                sql.text
+                    .contains(&format!("coalesce(order_locked.status, '{NO_ORDER}')")),
+                "{}",
+                sql.name
+            );
+        }
+    }
+
+    /// The two shapes are one statement: the refund's is the payment's with
+    /// its parameters and its `stopped` step added, nothing else changed.
+    #[test]
+    fn the_two_shapes_differ_only_by_the_shipments_step() {
+        let body = |sql: &Sql| sql.text.split_once("WITH params").unwrap().1.to_owned();
+        let payment = body(&RECORD_EVENT);
+        let refund = body(&RECORD_EVENT_STOPPING_SHIPMENT);
+        let stopped = refund
+            .find("), stopped AS (")
+            .zip(refund.find("), enqueued AS ("))
+            .map(|(start, end)| refund[start..end].to_owned())
+            .expect("a stopped step before the enqueue");
+        let payment_params = "           $7::int4 AS payload_version\n";
+        let refund_params = "           $7::int4 AS payload_version,\n           \
+             -- The shipment's command kind and idempotency key prefix.\n           \
+             $8::text AS shipment_kind,\n           $9::text AS shipment_key_prefix\n";
+        assert_eq!(
+            refund
+                .replacen(&stopped, "", 1)
+                .replacen(refund_params, payment_params, 1),
+            payment
+        );
+    }
+}

@@ -1,0 +1,76 @@
+-- Claims one event and applies it to its order, in one statement (one round
+-- trip, one transaction): the ingest's work per webhook. This is the shape for
+-- events that may change their order and enqueue commands but stop nothing
+-- (payments); record_event_stopping_shipment.sql is the same statement with
+-- the refund's one more step. See storage/mod.rs for the design.
+WITH params AS NOT MATERIALIZED (
+    SELECT $1::text AS event_id,
+           $2::text AS event_type,
+           $3::text AS payment_id,
+           -- What the event does to its order, for each state the order may
+           -- be in: an object keyed by the state's name, `no_order` when no
+           -- order has the payment id. Each entry is
+           -- {"outcome": text, "set_status": text or null,
+           --  "enqueue": [{"kind": text, "key_prefix": text}, ...],
+           --  "stop_shipment": bool}
+           $4::text::jsonb AS plan,
+           -- The event as delivered, kept to reconcile unmatched events.
+           $5::text::jsonb AS body,
+           -- W3C traceparent of the request: the outbox rows join its trace.
+           $6::text AS trace_context,
+           -- Version of the outbox payload written.
+           $7::int4 AS payload_version
+), order_locked AS (
+    -- The event's order, if any, locked: concurrent events for one order
+    -- serialise here, so each sees the state the previous one left.
+    SELECT orders.id, orders.status
+    FROM orders, params
+    WHERE orders.payment_id = params.payment_id
+    FOR UPDATE OF orders
+), decision AS (
+    -- Exactly one row, with or without an order: the plan's entry for the
+    -- state the order was found in.
+    SELECT order_locked.id AS order_id,
+           params.plan -> coalesce(order_locked.status, 'no_order') AS step
+    FROM params LEFT JOIN order_locked ON true
+), claim AS (
+    -- The event id claimed by inserting it: an atomic test-and-set on the
+    -- primary key. A conflict is a later delivery: it counts, and returns the
+    -- stored result to replay.
+    INSERT INTO processed_events AS pe
+        (event_id, event_type, status, order_id, result, payload, trace_context)
+    SELECT params.event_id, params.event_type, decision.step ->> 'outcome', decision.order_id,
+           jsonb_strip_nulls(jsonb_build_object(
+               'event_id', params.event_id,
+               'status', decision.step ->> 'outcome',
+               'order_id', decision.order_id)),
+           params.body, params.trace_context
+    FROM params, decision
+    ON CONFLICT (event_id) DO UPDATE
+        SET deliveries = pe.deliveries + 1, last_delivered_at = now()
+    RETURNING (pe.xmax = 0) AS claimed, pe.result::text AS body, pe.status
+), order_update AS (
+    -- Only a claimed event changes anything.
+    UPDATE orders SET status = decision.step ->> 'set_status', updated_at = now()
+    FROM decision, claim
+    WHERE claim.claimed AND orders.id = decision.order_id
+      AND decision.step ->> 'set_status' IS NOT NULL
+), enqueued AS (
+    INSERT INTO outbox (kind, payload, idempotency_key, event_id, order_id, trace_context)
+    SELECT command.spec ->> 'kind',
+           jsonb_build_object('v', params.payload_version,
+                              'order_id', decision.order_id,
+                              'event_id', params.event_id),
+           (command.spec ->> 'key_prefix') || '-' || decision.order_id,
+           params.event_id, decision.order_id, params.trace_context
+    FROM params, decision, claim,
+         jsonb_array_elements(decision.step -> 'enqueue') WITH ORDINALITY AS command(spec, position)
+    WHERE claim.claimed AND decision.order_id IS NOT NULL
+    ORDER BY command.position
+    -- One effect per order and kind, whatever the number of events.
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING 1
+)
+SELECT claim.claimed, claim.body, claim.status,
+       (SELECT count(*) FROM enqueued)::int4 AS enqueued
+FROM claim

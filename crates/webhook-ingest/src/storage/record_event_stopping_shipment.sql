@@ -1,0 +1,106 @@
+-- Claims one event and applies it to its order, in one statement (one round
+-- trip, one transaction): the ingest's work per webhook. This is the shape for
+-- events that may also stop their order's shipment (refunds):
+-- record_event.sql without the `stopped` step, which serves the others. See
+-- storage/mod.rs for the design.
+WITH params AS NOT MATERIALIZED (
+    SELECT $1::text AS event_id,
+           $2::text AS event_type,
+           $3::text AS payment_id,
+           -- What the event does to its order, for each state the order may
+           -- be in: an object keyed by the state's name, `no_order` when no
+           -- order has the payment id. Each entry is
+           -- {"outcome": text, "set_status": text or null,
+           --  "enqueue": [{"kind": text, "key_prefix": text}, ...],
+           --  "stop_shipment": bool}
+           $4::text::jsonb AS plan,
+           -- The event as delivered, kept to reconcile unmatched events.
+           $5::text::jsonb AS body,
+           -- W3C traceparent of the request: the outbox rows join its trace.
+           $6::text AS trace_context,
+           -- Version of the outbox payload written.
+           $7::int4 AS payload_version,
+           -- The shipment's command kind and idempotency key prefix.
+           $8::text AS shipment_kind,
+           $9::text AS shipment_key_prefix
+), order_locked AS (
+    -- The event's order, if any, locked: concurrent events for one order
+    -- serialise here, so each sees the state the previous one left.
+    SELECT orders.id, orders.status
+    FROM orders, params
+    WHERE orders.payment_id = params.payment_id
+    FOR UPDATE OF orders
+), decision AS (
+    -- Exactly one row, with or without an order: the plan's entry for the
+    -- state the order was found in.
+    SELECT order_locked.id AS order_id,
+           params.plan -> coalesce(order_locked.status, 'no_order') AS step
+    FROM params LEFT JOIN order_locked ON true
+), claim AS (
+    -- The event id claimed by inserting it: an atomic test-and-set on the
+    -- primary key. A conflict is a later delivery: it counts, and returns the
+    -- stored result to replay.
+    INSERT INTO processed_events AS pe
+        (event_id, event_type, status, order_id, result, payload, trace_context)
+    SELECT params.event_id, params.event_type, decision.step ->> 'outcome', decision.order_id,
+           jsonb_strip_nulls(jsonb_build_object(
+               'event_id', params.event_id,
+               'status', decision.step ->> 'outcome',
+               'order_id', decision.order_id)),
+           params.body, params.trace_context
+    FROM params, decision
+    ON CONFLICT (event_id) DO UPDATE
+        SET deliveries = pe.deliveries + 1, last_delivered_at = now()
+    RETURNING (pe.xmax = 0) AS claimed, pe.result::text AS body, pe.status
+), order_update AS (
+    -- Only a claimed event changes anything.
+    UPDATE orders SET status = decision.step ->> 'set_status', updated_at = now()
+    FROM decision, claim
+    WHERE claim.claimed AND orders.id = decision.order_id
+      AND decision.step ->> 'set_status' IS NOT NULL
+), stopped AS (
+    -- The order's shipment, stopped. An upsert on its unique key, not an
+    -- UPDATE of a row found by a look-up: this statement's snapshot was taken
+    -- before it waited for the order's lock, so a look-up misses the shipment
+    -- that a payment holding the lock just committed. ON CONFLICT finds and
+    -- locks the latest committed row whatever the snapshot. A row not yet
+    -- sent (or dead) is cancelled; a row whose call is under way keeps its
+    -- lease, so its holder may still record `done` for THAT call and nothing
+    -- else (the relay's completion is fenced on its claim); a done row stays
+    -- done. With no row at all (retention removed it long after it was
+    -- done), the proposed row is written, cancelled, saying why.
+    INSERT INTO outbox AS o (kind, payload, idempotency_key, event_id, order_id, trace_context,
+                             status, finished_at, last_error)
+    SELECT params.shipment_kind,
+           jsonb_build_object('v', params.payload_version,
+                              'order_id', decision.order_id,
+                              'event_id', params.event_id),
+           params.shipment_key_prefix || '-' || decision.order_id,
+           params.event_id, decision.order_id, params.trace_context,
+           'cancelled', now(), 'no shipment to stop: retention had removed it; refund ' || params.event_id
+    FROM params, decision, claim
+    WHERE claim.claimed AND (decision.step ->> 'stop_shipment')::bool
+    ON CONFLICT (idempotency_key) DO UPDATE
+        -- $1 is params.event_id: this clause sees only the row and EXCLUDED,
+        -- and the ingest may not read EXCLUDED.event_id (outbox.event_id).
+        SET status = 'cancelled', finished_at = now(), last_error = 'cancelled by ' || $1
+        WHERE o.status IN ('pending', 'dead')
+), enqueued AS (
+    INSERT INTO outbox (kind, payload, idempotency_key, event_id, order_id, trace_context)
+    SELECT command.spec ->> 'kind',
+           jsonb_build_object('v', params.payload_version,
+                              'order_id', decision.order_id,
+                              'event_id', params.event_id),
+           (command.spec ->> 'key_prefix') || '-' || decision.order_id,
+           params.event_id, decision.order_id, params.trace_context
+    FROM params, decision, claim,
+         jsonb_array_elements(decision.step -> 'enqueue') WITH ORDINALITY AS command(spec, position)
+    WHERE claim.claimed AND decision.order_id IS NOT NULL
+    ORDER BY command.position
+    -- One effect per order and kind, whatever the number of events.
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING 1
+)
+SELECT claim.claimed, claim.body, claim.status,
+       (SELECT count(*) FROM enqueued)::int4 AS enqueued
+FROM claim
