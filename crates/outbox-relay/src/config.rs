@@ -1,12 +1,12 @@
 //! Configuration: every setting is an environment variable and the matching
 //! kebab-case flag; invalid values stop the process with one line naming the
-//! variable (exit 2).
+//! variable (exit 2). The settings every service shares (database, admin
+//! listener, log format) are `process::args` groups, flattened here.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use process::LogFormat;
+use process::{AdminArgs, DatabaseArgs, LogArgs, Secret};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -92,37 +92,22 @@ pub enum DeadCommand {
     },
 }
 
+/// Everything `outbox-relay` is configured with. `Debug` is safe to log: the
+/// database URLs print `[redacted]`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Settings {
-    /// postgres://user:password@host:port/db (sslmode=require / verify-full with sslrootcert work).
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true)]
-    pub database_url: Option<String>,
+    // Behind PgBouncer in transaction mode, LISTEN needs
+    // RELAY_LISTEN_DATABASE_URL (direct) or RELAY_LISTEN=false.
+    #[command(flatten)]
+    pub database: DatabaseArgs,
 
     /// Connections in the pool: claims and completions are short, a few suffice.
     #[arg(long, env = "DATABASE_POOL_SIZE", default_value_t = 8,
           value_parser = clap::value_parser!(u32).range(2..=1000), global = true)]
     pub database_pool_size: u32,
 
-    /// How DATABASE_URL reaches Postgres. Behind PgBouncer in transaction mode: `transaction`, with
-    /// the settings on the login role (deploy/sql/roles.sql); LISTEN then needs
-    /// RELAY_LISTEN_DATABASE_URL (direct) or RELAY_LISTEN=false.
-    #[arg(
-        long,
-        env = "DATABASE_POOL_MODE",
-        value_enum,
-        default_value = "session",
-        global = true
-    )]
-    pub database_pool_mode: db::PoolMode,
-
-    /// /healthz, /readyz and /metrics.
-    #[arg(
-        long,
-        env = "ADMIN_LISTEN_ADDR",
-        default_value = "0.0.0.0:9090",
-        global = true
-    )]
-    pub admin_listen_addr: SocketAddr,
+    #[command(flatten)]
+    pub admin: AdminArgs,
 
     /// Base URL of the fulfilment API (POST {FULFILMENT_URL}/shipments).
     #[arg(long, env = "FULFILMENT_URL", global = true)]
@@ -184,7 +169,7 @@ pub struct Settings {
         hide_env_values = true,
         global = true
     )]
-    pub relay_listen_database_url: Option<String>,
+    pub relay_listen_database_url: Option<Secret<String>>,
 
     /// Lease holder name (a random suffix is added per process); defaults to the host name.
     #[arg(long, env = "RELAY_ID", global = true)]
@@ -200,8 +185,8 @@ pub struct Settings {
     #[arg(long, env = "RELAY_PRUNE_INTERVAL_SECS", default_value_t = 600, global = true)]
     pub relay_prune_interval_secs: u64,
 
-    #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "json", global = true)]
-    pub log_format: LogFormat,
+    #[command(flatten)]
+    pub log: LogArgs,
 }
 
 /// The checked settings the worker runs with.
@@ -224,20 +209,18 @@ pub struct RelayConfig {
 }
 
 impl Settings {
+    /// `DATABASE_URL`, which every command needs.
     pub fn database(&self) -> Result<db::Database, String> {
-        let url = self
-            .database_url
-            .as_deref()
-            .ok_or("DATABASE_URL is required (postgres://user@host:port/db)")?;
-        db::Database::parse(url)
-            .map(|database| database.with_pool_mode(self.database_pool_mode))
-            .map_err(|e| format!("DATABASE_URL {e}"))
+        self.database.parse_url()
     }
 
+    /// `RELAY_LISTEN_DATABASE_URL`, when LISTEN has a connection of its own.
     pub fn listen_database(&self) -> Result<Option<db::Database>, String> {
         self.relay_listen_database_url
-            .as_deref()
-            .map(|url| db::Database::parse(url).map_err(|e| format!("RELAY_LISTEN_DATABASE_URL {e}")))
+            .as_ref()
+            .map(|url| {
+                db::Database::parse(url.expose()).map_err(|e| format!("RELAY_LISTEN_DATABASE_URL {e}"))
+            })
             .transpose()
     }
 
@@ -299,4 +282,59 @@ fn host_name() -> String {
         .map(|h| h.trim().to_owned())
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "relay".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_never_print_their_secrets() {
+        let (password, listen_password) = ("pa55w0rd-of-the-relay", "pa55w0rd-of-its-listener");
+        let url = format!("postgres://outbox_relay:{password}@pgbouncer:6432/payments");
+        let listen_url = format!("postgres://outbox_relay:{listen_password}@db:5432/payments");
+        let cli = Cli::try_parse_from([
+            "outbox-relay",
+            "--database-url",
+            &url,
+            "--database-pool-mode",
+            "transaction",
+            "--relay-listen-database-url",
+            &listen_url,
+            "--fulfilment-url",
+            "http://fulfilment",
+            "--email-url",
+            "http://email",
+        ])
+        .unwrap();
+        for shown in [
+            format!("{:?}", cli.settings),
+            format!("{:#?}", cli.settings),
+            format!("{cli:?}"),
+        ] {
+            assert!(!shown.contains(password), "the database password leaked: {shown}");
+            assert!(
+                !shown.contains(listen_password),
+                "the LISTEN password leaked: {shown}"
+            );
+        }
+        // Still usable by the code that needs them.
+        assert_eq!(
+            cli.settings.database().unwrap().describe(),
+            "pgbouncer:6432/payments"
+        );
+        let listen = cli.settings.listen_database().unwrap().unwrap();
+        assert_eq!(listen.describe(), "db:5432/payments");
+        assert!(cli.settings.relay().is_ok());
+    }
+
+    #[test]
+    fn durations_take_a_unit() {
+        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("30m"), Ok(Duration::from_secs(1800)));
+        assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(7 * 86_400)));
+        assert_eq!(parse_duration("45"), Ok(Duration::from_secs(45)));
+        assert!(parse_duration("3w").is_err());
+        assert!(parse_duration("soon").is_err());
+    }
 }

@@ -6,9 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use anyhow::Context as _;
-use prometheus_client::registry::Registry;
 use process::{AdminServer, Readiness};
+use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::RelayConfig;
@@ -57,8 +56,7 @@ impl Application {
             admin_addr,
             readiness(pool.clone(), relay.health.clone(), config.clone()),
             Arc::new(registry),
-        )
-        .with_context(|| format!("binding ADMIN_LISTEN_ADDR {admin_addr}"))?;
+        )?;
         Ok(Self {
             relay,
             admin,

@@ -12,6 +12,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use actix_web::{App, HttpResponse, HttpServer, web};
+use anyhow::Context as _;
 use prometheus_client::registry::Registry;
 
 /// A readiness check: `Ok` when ready, else why not.
@@ -29,9 +30,11 @@ pub struct AdminServer {
 }
 
 impl AdminServer {
-    /// Binds now (so a taken port fails at start-up), serves once run.
-    pub fn bind(addr: &str, readiness: Readiness, registry: Arc<Registry>) -> std::io::Result<Self> {
-        let listener = TcpListener::bind(addr)?;
+    /// Binds now (so a taken port fails at start-up, the error naming
+    /// `ADMIN_LISTEN_ADDR`), serves once run.
+    pub fn bind(addr: &str, readiness: Readiness, registry: Arc<Registry>) -> anyhow::Result<Self> {
+        let listener =
+            TcpListener::bind(addr).with_context(|| format!("binding ADMIN_LISTEN_ADDR {addr}"))?;
         let port = listener.local_addr()?.port();
         let state = web::Data::new(AdminState { readiness, registry });
         let server = HttpServer::new(move || {

@@ -1,5 +1,5 @@
 //! Configuration errors are user errors: one line on stderr that names the
-//! variable, exit code 2, never a backtrace.
+//! variable, exit code 2 ([`crate::exit::CONFIGURATION`]), never a backtrace.
 //!
 //! Every setting is an environment variable and the matching kebab-case flag
 //! (clap's `env`). Clap's own value names are the variables' names, so its
@@ -26,10 +26,11 @@ pub fn parse_or_exit<T: Parser>(program: &str) -> T {
     }
 }
 
-/// Prints `program: configuration error: message` and exits 2.
+/// Prints `program: configuration error: message` and exits
+/// [`crate::exit::CONFIGURATION`].
 pub fn config_error(program: &str, message: &str) -> ! {
     eprintln!("{program}: configuration error: {message}");
-    std::process::exit(2)
+    std::process::exit(crate::exit::CONFIGURATION.into())
 }
 
 /// Clap's error without its usage and help hints, on one line.

@@ -37,7 +37,7 @@ const LIFTED: &[(&str, &str)] = &[
 /// The filter: `RUST_LOG`, else `info` for our crates and `warn` for the rest.
 pub fn env_filter() -> EnvFilter {
     EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        EnvFilter::new("warn,webhook_ingest=info,outbox_relay=info,simulator=info,service=info,db=info")
+        EnvFilter::new("warn,webhook_ingest=info,outbox_relay=info,simulator=info,process=info,db=info")
     })
 }
 

@@ -1,12 +1,14 @@
 //! Configuration: every setting is an environment variable and the matching
 //! kebab-case flag. Invalid values stop the process at start-up with one
-//! line naming the variable (exit 2), see `process::config`.
+//! line naming the variable (exit 2), see `process::config`. The settings
+//! every service shares (database, admin listener, log format) are
+//! `process::args` groups, flattened here.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use process::LogFormat;
+use process::{AdminArgs, DatabaseArgs, LogArgs, Secret};
 use signature::Scheme;
 
 #[derive(Debug, Parser)]
@@ -67,28 +69,18 @@ impl From<SchemeArg> for Scheme {
     }
 }
 
+/// Everything `webhook-ingest` is configured with. `Debug` is safe to log:
+/// the database URL and the signing secrets print `[redacted]`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Settings {
-    /// postgres://user:password@host:port/db (sslmode=require / verify-full with sslrootcert work).
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true)]
-    pub database_url: Option<String>,
+    #[command(flatten)]
+    pub database: DatabaseArgs,
 
     /// Connections in the pool. Size it for the database's cores, not for
     /// the number of clients: beyond ~16 a 2-core server gets slower.
     #[arg(long, env = "DATABASE_POOL_SIZE", default_value_t = 16,
           value_parser = clap::value_parser!(u32).range(1..=1000), global = true)]
     pub database_pool_size: u32,
-
-    /// How DATABASE_URL reaches Postgres. Behind PgBouncer in transaction mode: `transaction`, with
-    /// statement_timeout set on the login role (deploy/sql/roles.sql).
-    #[arg(
-        long,
-        env = "DATABASE_POOL_MODE",
-        value_enum,
-        default_value = "session",
-        global = true
-    )]
-    pub database_pool_mode: db::PoolMode,
 
     /// Webhook traffic only.
     #[arg(
@@ -99,14 +91,8 @@ pub struct Settings {
     )]
     pub ingest_listen_addr: SocketAddr,
 
-    /// /healthz, /readyz and /metrics.
-    #[arg(
-        long,
-        env = "ADMIN_LISTEN_ADDR",
-        default_value = "0.0.0.0:9090",
-        global = true
-    )]
-    pub admin_listen_addr: SocketAddr,
+    #[command(flatten)]
+    pub admin: AdminArgs,
 
     #[arg(
         long,
@@ -119,7 +105,7 @@ pub struct Settings {
 
     /// Comma-separated; several may be active at once during a rotation.
     #[arg(long, env = "WEBHOOK_SECRETS", hide_env_values = true, global = true)]
-    pub webhook_secrets: Option<String>,
+    pub webhook_secrets: Option<Secret<String>>,
 
     /// How far a signature's timestamp may be from now, in either direction.
     #[arg(long, env = "WEBHOOK_TOLERANCE_SECS", default_value_t = signature::DEFAULT_TOLERANCE_SECS,
@@ -142,8 +128,8 @@ pub struct Settings {
           value_parser = clap::value_parser!(u32).range(1..=100_000), global = true)]
     pub ingest_max_in_flight: u32,
 
-    #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "json", global = true)]
-    pub log_format: LogFormat,
+    #[command(flatten)]
+    pub log: LogArgs,
 }
 
 impl Settings {
@@ -157,26 +143,53 @@ impl Settings {
 
     /// `DATABASE_URL`, which every command needs.
     pub fn database(&self) -> Result<db::Database, String> {
-        let url = self
-            .database_url
-            .as_deref()
-            .ok_or("DATABASE_URL is required (postgres://user@host:port/db)")?;
-        db::Database::parse(url)
-            .map(|database| database.with_pool_mode(self.database_pool_mode))
-            .map_err(|e| format!("DATABASE_URL {e}"))
+        self.database.parse_url()
     }
 
     /// The verifier from `WEBHOOK_SIGNATURE_SCHEME` and `WEBHOOK_SECRETS`.
     pub fn verifier(&self) -> Result<signature::Verifier, String> {
         let secrets = self
             .webhook_secrets
-            .as_deref()
+            .as_ref()
             .ok_or("WEBHOOK_SECRETS is required (comma-separated signing secrets)")?;
         signature::Verifier::new(
             self.webhook_signature_scheme.into(),
-            secrets,
+            secrets.expose(),
             self.webhook_tolerance_secs,
         )
         .map_err(|e| format!("WEBHOOK_SECRETS: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::*;
+
+    #[test]
+    fn settings_never_print_their_secrets() {
+        let password = "pa55w0rd-of-the-ingest";
+        let secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+        let url = format!("postgres://webhook_ingest:{password}@db:5432/payments");
+        let cli = Cli::try_parse_from([
+            "webhook-ingest",
+            "--database-url",
+            &url,
+            "--webhook-secrets",
+            secret,
+        ])
+        .unwrap();
+        for shown in [
+            format!("{:?}", cli.settings),
+            format!("{:#?}", cli.settings),
+            format!("{cli:?}"),
+        ] {
+            assert!(!shown.contains(password), "the database password leaked: {shown}");
+            assert!(!shown.contains("MfKQ9r8G"), "a signing secret leaked: {shown}");
+        }
+        // Still usable by the code that needs them.
+        assert_eq!(cli.settings.database().unwrap().describe(), "db:5432/payments");
+        assert!(cli.settings.verifier().is_ok());
     }
 }

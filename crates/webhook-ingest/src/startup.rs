@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use actix_web::{App, HttpServer, web};
 use anyhow::Context as _;
-use prometheus_client::registry::Registry;
 use process::{AdminServer, Readiness};
+use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
@@ -88,11 +88,10 @@ impl Application {
         .run();
 
         let admin = AdminServer::bind(
-            &settings.admin_listen_addr.to_string(),
+            &settings.admin.admin_listen_addr.to_string(),
             readiness(pool.clone()),
             Arc::new(registry),
-        )
-        .with_context(|| format!("binding ADMIN_LISTEN_ADDR {}", settings.admin_listen_addr))?;
+        )?;
         Ok(Self {
             server,
             port,
