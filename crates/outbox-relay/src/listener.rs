@@ -1,6 +1,8 @@
-//! `LISTEN` on [`db::NOTIFY_CHANNEL`] on a connection of its own: each notification (sent
-//! by the ingest's transaction at commit) wakes the claimer at once, so an
-//! idle relay sends a new row within milliseconds rather than at the next poll.
+//! `LISTEN` on [`db::NOTIFY_CHANNEL`] on a connection of its own: each
+//! notification (sent by the ingest after a commit that enqueued commands, in
+//! a statement of its own, and by `dead requeue`) wakes the claimer at once,
+//! so an idle relay sends a new row within milliseconds rather than at the
+//! next poll.
 //!
 //! The connection is re-established whenever it drops (the relay keeps
 //! polling meanwhile), and the claimer is woken after every (re)connection, so
