@@ -1,9 +1,9 @@
 //! The settings every service of ours takes the same way, as clap groups a
 //! service flattens into its own `Settings` (`#[command(flatten)]`), so each
 //! variable, its default and its `--help` text are written once:
-//! - [`DatabaseArgs`]: `DATABASE_URL` and `DATABASE_POOL_MODE`;
-//! - [`AdminArgs`]: `ADMIN_LISTEN_ADDR`;
-//! - [`LogArgs`]: `LOG_FORMAT`.
+//! - [`DatabaseArgs`], `DATABASE_URL` and `DATABASE_POOL_MODE`;
+//! - [`AdminArgs`], `ADMIN_LISTEN_ADDR`;
+//! - [`LogArgs`], `LOG_FORMAT`.
 //!
 //! Every argument is `global`, so it may follow a subcommand too
 //! (`webhook-ingest migrate --database-url ...`).
