@@ -35,10 +35,10 @@
 //! - [`claim`]: the claim of a due batch, and the recheck of one claimed row.
 //! - [`complete`]: the fenced recording of a batch of [`Verdict`]s.
 //! - [`columns`]: the outbox's `kind` and `status`, decoded as they are read.
-//! - [`backlog`]: the gauges, `stats`, and the autoscaler's count of due rows.
+//! - [`backlog`](mod@backlog): the gauges, `stats`, and the autoscaler's count of due rows.
 //! - [`dead`]: `dead list` and `dead requeue`.
-//! - [`prune`]: retention, in batches under an advisory lock.
-//! - [`audit`]: what `audit` reads from the database.
+//! - [`prune`](mod@prune): retention, in batches under an advisory lock.
+//! - [`audit`](mod@audit): what `audit` reads from the database.
 
 pub mod audit;
 pub mod backlog;
