@@ -61,6 +61,12 @@ pub struct ProviderArgs {
           value_parser = clap::value_parser!(u64).range(1..))]
     pub orders: u64,
 
+    /// The first of those orders instead of pay_1: event n pays order
+    /// FIRST + n - 1 (wrapping), so runs side by side pay orders apart.
+    #[arg(long, env = "PROVIDER_FIRST_ORDER", value_name = "PROVIDER_FIRST_ORDER", default_value_t = 1,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub first_order: u64,
+
     /// Share of events that refund an order already paid in this run.
     #[arg(long, env = "PROVIDER_REFUND_RATE", value_name = "PROVIDER_REFUND_RATE",
           default_value_t = 0.0, value_parser = parse_rate)]
@@ -141,7 +147,8 @@ pub struct ProviderArgs {
     pub give_up_after_ms: u64,
 
     /// Write one JSON line per event once settled: event_id, type,
-    /// payment_id, acknowledged, status, http_status, deliveries.
+    /// payment_id, acknowledged, status, http_status, deliveries,
+    /// acknowledged_at_ms (Unix ms when the first 2xx was read).
     #[arg(long, env = "PROVIDER_ACK_FILE", value_name = "PROVIDER_ACK_FILE")]
     pub ack_file: Option<PathBuf>,
 
@@ -189,6 +196,7 @@ impl ProviderArgs {
             run_id: self.run_id.clone().unwrap_or_else(default_run_id),
             mix: Mix {
                 orders: self.orders,
+                first_order: self.first_order,
                 refund_rate: self.refund_rate,
                 unknown_rate: self.unknown_rate,
                 unmatched_rate: self.unmatched_rate,

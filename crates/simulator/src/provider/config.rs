@@ -208,6 +208,9 @@ pub struct Mix {
     /// Payment event `n` pays order `n`, wrapping past the last, so a run of
     /// at most `orders` events pays each order once.
     pub orders: u64,
+    /// The number of the first of those orders (1 unless moved): with 101,
+    /// event `n` pays order `100 + n`, so runs side by side pay orders apart.
+    pub first_order: u64,
     /// `payment.refunded` of an order whose payment was already
     /// acknowledged (while there is none yet, a payment is sent instead).
     pub refund_rate: f64,
@@ -221,6 +224,7 @@ impl Default for Mix {
     fn default() -> Self {
         Self {
             orders: 1000,
+            first_order: 1,
             refund_rate: 0.0,
             unknown_rate: 0.0,
             unmatched_rate: 0.0,
@@ -232,6 +236,9 @@ impl Mix {
     fn validate(&self) -> Result<(), String> {
         if self.orders == 0 {
             return Err("--orders must be at least 1".into());
+        }
+        if self.first_order == 0 {
+            return Err("--first-order must be at least 1".into());
         }
         check_rate("--refund-rate", self.refund_rate)?;
         check_rate("--unknown-rate", self.unknown_rate)?;

@@ -66,6 +66,8 @@ pub(crate) struct TrackedEvent {
 
 struct Ack {
     http: u16,
+    /// Unix milliseconds when the answer was read.
+    at_ms: u64,
     /// The ingest's `status`, if the body had one.
     status: Option<Box<str>>,
 }
@@ -118,14 +120,19 @@ impl TrackedEvent {
             status: ack.and_then(|a| a.status.as_deref().map(str::to_owned)),
             http_status: ack.map(|a| a.http).or((last_http != 0).then_some(last_http)),
             deliveries: self.attempts.load(Ordering::Relaxed),
+            acknowledged_at_ms: ack.map(|a| a.at_ms),
         }
     }
 
     fn acknowledge(&self, http: u16, body: &[u8]) {
         // Only the first 2xx is parsed: later ones are replays of it.
         if self.ack.get().is_none() {
+            let at_ms = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64);
             let _ = self.ack.set(Ack {
                 http,
+                at_ms,
                 status: ingest_status(body),
             });
         }

@@ -162,9 +162,9 @@ impl Planner {
         Some(paid.swap_remove(i))
     }
 
-    /// Event `n` pays order `n`, wrapping past the last order.
+    /// Event `n` pays the `n`th order from the first, wrapping past the last.
     fn order_of(&self, n: u64) -> u64 {
-        (n - 1) % self.mix.orders + 1
+        self.mix.first_order + (n - 1) % self.mix.orders
     }
 
     fn event(&self, n: u64, kind: EventKind, order: Option<u64>) -> Event {
@@ -232,6 +232,18 @@ mod tests {
         assert_eq!(body["data"]["currency"], "gbp");
         assert!(body["created"].as_u64().unwrap() > 1_700_000_000);
         assert_eq!(plan.event.webhook_id, "msg_r1_5");
+
+        let moved = planner(
+            Mix {
+                orders: 3,
+                first_order: 101,
+                ..Mix::default()
+            },
+            Duplicates::default(),
+            Bursts::default(),
+        );
+        let orders: Vec<_> = (1..=4).map(|n| moved.plan(n).event.payment_id).collect();
+        assert_eq!(orders, ["pay_101", "pay_102", "pay_103", "pay_101"]);
     }
 
     #[test]
@@ -241,6 +253,7 @@ mod tests {
             refund_rate: 0.2,
             unknown_rate: 0.1,
             unmatched_rate: 0.1,
+            ..Mix::default()
         };
         let duplicates = Duplicates {
             rate: 0.5,

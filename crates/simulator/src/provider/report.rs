@@ -160,6 +160,11 @@ pub struct AckRecord {
     pub http_status: Option<u16>,
     /// Attempts of every delivery of the event (bursts, duplicates, retries).
     pub deliveries: u32,
+    /// When the first 2xx was read, in Unix milliseconds: the moment the
+    /// provider knows the ingest has the event (the start of an end-to-end
+    /// latency); `null` if never acknowledged.
+    #[serde(default)]
+    pub acknowledged_at_ms: Option<u64>,
 }
 
 /// What [`super::run`] returns.
@@ -230,10 +235,11 @@ mod tests {
             status: None,
             http_status: None,
             deliveries: 3,
+            acknowledged_at_ms: None,
         };
         assert_eq!(
             serde_json::to_string(&record).unwrap(),
-            r#"{"event_id":"evt_1","type":"payment.succeeded","payment_id":"pay_1","acknowledged":false,"status":null,"http_status":null,"deliveries":3}"#
+            r#"{"event_id":"evt_1","type":"payment.succeeded","payment_id":"pay_1","acknowledged":false,"status":null,"http_status":null,"deliveries":3,"acknowledged_at_ms":null}"#
         );
     }
 }

@@ -73,6 +73,8 @@ fn provider_flags_reach_the_config() {
         "bench-1",
         "--orders",
         "50",
+        "--first-order",
+        "7",
         "--refund-rate",
         "0.1",
         "--unknown-rate",
@@ -118,6 +120,7 @@ fn provider_flags_reach_the_config() {
         config.mix,
         Mix {
             orders: 50,
+            first_order: 7,
             refund_rate: 0.1,
             unknown_rate: 0.2,
             unmatched_rate: 0.3
