@@ -93,3 +93,42 @@ fn help_lists_every_variable() {
         assert!(help.contains(var), "--help does not mention {var}");
     }
 }
+
+#[test]
+fn help_never_shows_a_secret_set_in_the_environment() {
+    let out = Command::new(env!("CARGO_BIN_EXE_webhook-ingest"))
+        .arg("--help")
+        .env("DATABASE_URL", "postgres://u:hunter2@h/db")
+        .env("WEBHOOK_SECRETS", SECRETS.1)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8(out.stdout).unwrap();
+    assert!(!help.contains("hunter2"), "a password leaked: {help}");
+    assert!(!help.contains("MfKQ9r8G"), "a secret leaked: {help}");
+}
+
+/// Exit codes: 2 is the operator's to fix (above); 1 is a failure at run
+/// time, one line on stderr naming what failed.
+#[test]
+fn a_failure_at_run_time_exits_1_with_one_line() {
+    // Nothing listens on port 1: the connection is refused at once.
+    let (code, stderr) = run(&[DB], &["migrate"]);
+    assert_eq!(code, 1, "{stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "one line, got {stderr:?}");
+    assert!(stderr.starts_with("webhook-ingest: error: "), "{stderr}");
+
+    // The admin port is taken: serving fails at start-up, naming the variable.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let admin = taken.local_addr().unwrap().to_string();
+    let env = [
+        DB,
+        SECRETS,
+        ("INGEST_LISTEN_ADDR", "127.0.0.1:0"),
+        ("ADMIN_LISTEN_ADDR", &admin),
+    ];
+    let (code, stderr) = run(&env, &[]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("ADMIN_LISTEN_ADDR"), "{stderr}");
+    assert!(!stderr.contains("MfKQ9r8G"), "a secret leaked: {stderr}");
+}
