@@ -1,4 +1,5 @@
-# The commands a newcomer needs: `make run`, `make test`. CI runs `make lint`, then `make test`.
+# The commands a newcomer needs: `make run`, `make test`. CI (.ci/run) runs `make lint`, then `make test`,
+# with the toolchain rust-toolchain.toml pins.
 # Without DATABASE_URL, every target that needs Postgres starts (and the first
 # time creates) a throwaway local cluster: see scripts/pg-cluster.sh.
 
@@ -25,10 +26,13 @@ test: build
 deploy-check: build
 	scripts/deploy-check.sh
 
-## fmt + clippy, warnings are errors.
+## fmt, clippy (the lints of Cargo.toml's [workspace.lints]; warnings are
+## errors), then unused dependencies and unreachable files (cargo-shear,
+## installed on first use: see scripts/lint-deps.sh). What CI runs first.
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	scripts/lint-deps.sh
 
 fmt:
 	$(CARGO) fmt --all
