@@ -66,6 +66,6 @@ db-stop:
 	@scripts/pg-cluster.sh stop
 
 ## The benchmark (README, Performance): a table, target/bench/report.json and report.md.
-## BENCH_QUICK=1 for a short run (under 2 minutes); see scripts/bench.py.
+## BENCH_QUICK=1 for a short run (under 2 minutes); see scripts/bench/__init__.py.
 bench: release
-	scripts/with-db.sh python3 scripts/bench.py
+	scripts/with-db.sh env PYTHONPATH=scripts python3 -m bench

@@ -1,0 +1,116 @@
+"""Phases 2 and 3: the ingest in a closed loop at 1, 16 and 64 senders,
+each beside pgbench running the two reference files; then an open loop at
+half of the peak."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .common import CpuMeter, pct, ratio, run_cmd
+from .config import BENCH_REFERENCES, CFG, CONCURRENCIES, DUPLICATE_RATE, LOGS, BenchError, log
+from .db import Db, Product, Reference
+from .load import provider_run, summary_brief
+
+if TYPE_CHECKING:
+    from .runner import Bench
+
+
+def pgbench(db: Db, file: Path, clients: int, secs: float, tag: str) -> dict:
+    prefix = LOGS / f"pgbench-{tag}"
+    for old in LOGS.glob(f"pgbench-{tag}.*"):
+        old.unlink()
+    args = ["pgbench", "-n", "-M", "prepared", "-c", clients, "-j", min(2, clients), "-T", max(1, round(secs)),
+            "-D", f"run={time.time_ns()}", "-D", "n=0", "-f", file,
+            # A sample of per-transaction latencies, for p50/p99 beside ours.
+            "-l", "--sampling-rate=0.2", f"--log-prefix={prefix}", db.url(Reference.DB)]
+    meter = CpuMeter()
+    _, out, err = run_cmd(f"pgbench {tag}", args, timeout=secs + 120, env=db.env())
+    cores = meter.cores_busy()
+    (LOGS / f"pgbench-{tag}.out").write_text(out + err)
+    m = re.search(r"tps = ([\d.]+) \(without initial connection time\)", out)
+    if not m:
+        raise BenchError(f"pgbench {tag}: no tps in its output: {out[-500:]}")
+    failed = re.search(r"number of failed transactions: (\d+)", out)
+    lat = []
+    for f in LOGS.glob(f"pgbench-{tag}.*"):
+        if f.suffix == ".out":
+            continue
+        for line in f.read_text().splitlines():
+            parts = line.split()
+            if len(parts) >= 3:
+                lat.append(int(parts[2]) / 1000.0)
+        f.unlink()
+    return {"tps": float(m.group(1)), "p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99),
+            "failed": int(failed.group(1)) if failed else None, "machine_cores_busy": cores,
+            "latency_samples": len(lat)}
+
+
+def run(bench: Bench) -> None:
+    secs = CFG["ingest_secs"]
+    bench.ingest = bench.services.start_ingest("main")
+    runs: dict = {}
+    for c in CONCURRENCIES:
+        bench.product.reset(CFG["product_history"])
+        analyzes0 = outbox_analyzes(bench)
+        ours = summary_brief(provider_run(bench.ingest.url, f"c{c}", bench.ingest, concurrency=c, secs=secs))
+        # An autoanalyze of the outbox during the run re-plans the ingest's statement.
+        ours["outbox_autoanalyzes"] = outbox_analyzes(bench) - analyzes0
+        # No relay runs here (the references do not drain either): the
+        # outbox's pending rows grow through the run.
+        ours["outbox_pending_after"] = int(bench.db.one(
+            Product.DB, "SELECT count(*) FROM outbox WHERE status = 'pending'"))
+        ref_runs = {}
+        for name, file in (("reference", "reference-ingest.sql"),
+                           ("one_statement", "reference-ingest-one-statement.sql")):
+            bench.ref.reset()
+            ref_runs[name] = pgbench(bench.db, BENCH_REFERENCES / file, c, secs, f"{name}-c{c}")
+        runs[c] = {"ours": ours, **ref_runs}
+        log(f"  c{c:<3} ours {ours['requests_per_s']:>8,.0f} req/s  p50 {ours['p50_ms']} p99 {ours['p99_ms']} ms"
+            f" ({ours['outbox_pending_after']:,} pending outbox rows at the end, "
+            f"{ours['outbox_autoanalyzes']} autoanalyze)"
+            f" | reference {ref_runs['reference']['tps']:>8,.0f} tps | one statement "
+            f"{ref_runs['one_statement']['tps']:>8,.0f} tps"
+            + (f"  PROBLEMS {ours['problems']}" if ours.get("problems") else ""))
+        r = bench.report
+        r[f"ingest_rps_c{c}"] = ours["requests_per_s"]
+        r[f"ingest_p50_ms_c{c}"] = ours["p50_ms"]
+        r[f"ingest_p99_ms_c{c}"] = ours["p99_ms"]
+        r[f"ingest_new_events_per_s_c{c}"] = ours["new_events_per_s"]
+        r[f"reference_tps_c{c}"] = ref_runs["reference"]["tps"]
+        r[f"reference_p50_ms_c{c}"] = ref_runs["reference"]["p50_ms"]
+        r[f"reference_p99_ms_c{c}"] = ref_runs["reference"]["p99_ms"]
+        r[f"one_statement_tps_c{c}"] = ref_runs["one_statement"]["tps"]
+        r[f"one_statement_p50_ms_c{c}"] = ref_runs["one_statement"]["p50_ms"]
+        r[f"one_statement_p99_ms_c{c}"] = ref_runs["one_statement"]["p99_ms"]
+        r[f"ingest_vs_reference_c{c}"] = ratio(ours["requests_per_s"], ref_runs["reference"]["tps"])
+        r[f"ingest_vs_one_statement_c{c}"] = ratio(ours["requests_per_s"], ref_runs["one_statement"]["tps"])
+    bench.details["ingest"] = runs
+    # Memory after the closed-loop runs alone (the open-loop phases next may overload it).
+    bench.report["ingest_rss_mib_closed_loop"] = bench.ingest.rss().get("peak_mib")
+
+
+def outbox_analyzes(bench: Bench) -> int:
+    return int(bench.db.one(Product.DB, "SELECT autoanalyze_count FROM pg_stat_user_tables "
+                                       "WHERE relname = 'outbox'") or 0)
+
+
+def run_half_load(bench: Bench) -> None:
+    if not bench.ingest:
+        raise BenchError("the ingest is not running")
+    peak = bench.peak_rps()
+    # --rate is events/s; 10% of events are delivered twice.
+    rate = peak / 2 / (1 + DUPLICATE_RATE)
+    bench.product.reset(CFG["product_history"])
+    s = summary_brief(provider_run(bench.ingest.url, "half", bench.ingest, rate=rate, secs=CFG["half_secs"]))
+    s["target_requests_per_s"] = round(peak / 2, 1)
+    s["events_rate"] = round(rate, 1)
+    bench.details["half_load"] = s
+    bench.report["ingest_p99_ms_half_load"] = s["p99_ms"]
+    bench.report["ingest_p50_ms_half_load"] = s["p50_ms"]
+    bench.report["half_load_rps"] = s["requests_per_s"]
+    bench.report["half_load_status_counts"] = s.get("status_counts")
+    log(f"  half load {s['requests_per_s']:,.0f} req/s (target {peak / 2:,.0f}): p50 {s['p50_ms']} "
+        f"p99 {s['p99_ms']} p99.9 {s['p999_ms']} ms")

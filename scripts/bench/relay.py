@@ -1,0 +1,131 @@
+"""Phase 4: the relay draining rows inserted at once (one statement and a
+NOTIFY): three back-to-back drains with one relay, one with two; then the
+ingest at 64 senders with a relay draining."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from .common import CpuMeter
+from .config import CFG, DRAIN_ORDER0, TRACEPARENT, BenchError, log
+from .db import Product, Session
+from .load import provider_run, summary_brief
+from .services import Service
+
+if TYPE_CHECKING:
+    from .runner import Bench
+
+
+def drain_rows_sql(first_order: int, rows: int) -> str:
+    """`rows` pending commands (half shipments, half confirmations), due now."""
+    last = first_order + rows // 2 - 1
+    return f"""
+INSERT INTO outbox (kind, payload, idempotency_key, event_id, order_id, trace_context)
+SELECT k.kind, jsonb_build_object('v', 1, 'order_id', o, 'event_id', 'evt_' || o), k.prefix || '-' || o,
+       'evt_' || o, o, '{TRACEPARENT}'
+FROM generate_series({first_order}, {last}) o,
+     (VALUES ('ship_order', 'ship'), ('send_confirmation', 'conf')) AS k(kind, prefix)
+"""
+
+
+def drain(bench: Bench, session: Session, relays: list[Service], n: int, tag: str, rows: int | None = None) -> dict:
+    rows = rows or CFG["relay_rows"]
+    first = DRAIN_ORDER0 + n * 1_000_000
+    bench.services.reset_downstream()
+    maint0 = outbox_maintenance(session)
+    session.query("BEGIN;\n" + drain_rows_sql(first, rows) + ";\nNOTIFY outbox_pending;", timeout=120)
+    cpu0 = [r.cpu() or 0 for r in relays]
+    meter = CpuMeter()
+    marker = session.send("COMMIT;")
+    t0 = time.monotonic()  # the rows become visible with this commit
+    session.wait(marker, timeout=60)
+    deadline = t0 + 300
+    effects = 0
+    # Cheap polling: the simulator's counters (no database load) until
+    # every row had its effect, then the database until none is pending.
+    while time.monotonic() < deadline:
+        effects = bench.services.stats()["effects"]
+        if effects >= rows:
+            break
+        time.sleep(0.02)
+    t_effects = time.monotonic() - t0
+    pending = -1
+    while time.monotonic() < deadline:
+        pending = int(session.query("SELECT count(*) FROM outbox WHERE status = 'pending';")[0])
+        if pending == 0:
+            break
+        time.sleep(0.005)
+    secs = time.monotonic() - t0
+    if pending != 0:
+        raise BenchError(f"drain {tag}: {pending} rows still pending after {secs:.0f}s "
+                         f"({effects} effects downstream)")
+    st = bench.services.stats()
+    relay_cpu = sum((r.cpu() or 0) - c0 for r, c0 in zip(relays, cpu0))
+    maint1 = outbox_maintenance(session)
+    out = {"rows": rows, "relays": len(relays), "seconds": round(secs, 3),
+           "rows_per_s": round(rows / secs, 1), "seconds_to_last_effect": round(t_effects, 3),
+           "downstream_requests": st["requests"], "downstream_effects": st["effects"],
+           "double_effects": st["double_effects"], "relay_cpu_secs": round(relay_cpu, 2),
+           "machine_cores_busy": meter.cores_busy(),
+           # Autovacuum and autoanalyze of the outbox during the drain: a
+           # new ANALYZE re-plans the relay's prepared statements.
+           "outbox_autovacuums": maint1["autovacuum_count"] - maint0["autovacuum_count"],
+           "outbox_autoanalyzes": maint1["autoanalyze_count"] - maint0["autoanalyze_count"],
+           "outbox_dead_tuples_after": maint1["n_dead_tup"]}
+    log(f"  drain {tag}: {rows:,} rows in {secs:.2f}s = {out['rows_per_s']:,.0f} rows/s "
+        f"({len(relays)} relay{'s' if len(relays) > 1 else ''}, relay cpu {relay_cpu:.1f}s, "
+        f"{st['requests']:,} requests, {st['double_effects']} double effects, outbox autovacuum "
+        f"{out['outbox_autovacuums']} autoanalyze {out['outbox_autoanalyzes']})")
+    return out
+
+
+def outbox_maintenance(session: Session) -> dict:
+    row = session.query("SELECT autovacuum_count, autoanalyze_count, n_dead_tup FROM pg_stat_user_tables "
+                        "WHERE relname = 'outbox';")[0].split("|")
+    return {"autovacuum_count": int(row[0]), "autoanalyze_count": int(row[1]), "n_dead_tup": int(row[2])}
+
+
+def run(bench: Bench) -> None:
+    # Outbox with its done history only; vacuumed once, before the first drain.
+    bench.product.reset(CFG["product_history"])
+    relay = bench.services.start_relay("a")
+    bench.relays.append(relay)
+    session = Session(bench.db, Product.DB)
+    try:
+        drains = []
+        for i in range(3):
+            drains.append(drain(bench, session, [relay], i, f"{i + 1}/3 (one relay)"))
+        # Two relays start from the state the first drain did (vacuumed).
+        session.query("VACUUM ANALYZE outbox; CHECKPOINT;", timeout=300)
+        relay_b = bench.services.start_relay("b")
+        bench.relays.append(relay_b)
+        two = drain(bench, session, [relay, relay_b], 3, "two relays")
+        bench.rss["relay_b"] = relay_b.rss()
+        relay_b.stop()
+    finally:
+        session.close()
+    with_relay = None
+    if bench.ingest:
+        # The ingest at 64 senders again, now with a relay draining what it
+        # enqueues (as deployed): the outbox's pending set stays small.
+        bench.product.reset(CFG["product_history"])
+        bench.services.reset_downstream()
+        with_relay = summary_brief(provider_run(bench.ingest.url, "c64-with-relay", bench.ingest,
+                                                concurrency=64, secs=CFG["trace_secs"]))
+        with_relay["outbox_pending_after"] = int(bench.db.one(
+            Product.DB, "SELECT count(*) FROM outbox WHERE status = 'pending'"))
+        with_relay["downstream_effects"] = bench.services.stats()["effects"]
+        bench.report["ingest_rps_c64_with_relay"] = with_relay["requests_per_s"]
+        bench.report["ingest_p99_ms_c64_with_relay"] = with_relay["p99_ms"]
+        log(f"  c64 with a relay draining: {with_relay['requests_per_s']:,.0f} req/s, p50 {with_relay['p50_ms']} "
+            f"p99 {with_relay['p99_ms']} ms ({with_relay['outbox_pending_after']:,} pending at the end)")
+    rates = [d["rows_per_s"] for d in drains]
+    bench.details["relay"] = {"drains_one_relay": drains, "two_relays": two, "ingest_c64_with_relay": with_relay,
+                             "note": "three back-to-back drains, no VACUUM between them; "
+                                     "then VACUUM, then the two-relay drain"}
+    r = bench.report
+    r["relay_rows_per_s_1"] = rates[0]
+    r["relay_rows_per_s_2"] = two["rows_per_s"]
+    r["relay_drain_rows_per_s"] = rates
+    r["relay_decay_ratio"] = round(min(rates) / max(rates), 3)

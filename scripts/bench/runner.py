@@ -1,0 +1,101 @@
+"""The phases in order, each timed and its errors recorded (one failing
+phase does not stop the others), and the state they share."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import traceback
+
+from . import e2e, growth, ingest, peer, prepare, prune, relay, relay_log, tracing
+from .config import CONCURRENCIES, CFG, LOGS, ONLY, BenchError, log
+from .db import Db, Product, Reference
+from .services import Service, Services
+
+
+class Bench:
+    """What the phases share: the databases, the services running, the
+    report's keys, the details, each phase's errors and wall time."""
+
+    def __init__(self, db: Db) -> None:
+        self.db = db
+        self.product = Product(db)
+        self.ref = Reference(db)
+        self.services = Services(db)
+        self.report: dict = {"mode": CFG["mode"], "config": {k: v for k, v in CFG.items()}}
+        self.details: dict = {}
+        self.phases: dict = {}
+        self.errors: dict = {}
+        self.ingest: Service | None = None
+        self.relays: list[Service] = []
+        self.rss: dict = {}
+
+    peer_error: str | None = None
+
+    def phase(self, name: str, fn) -> None:
+        """Runs `fn(self)` unless BENCH_PHASES leaves it out."""
+        if ONLY and name != "setup" and name not in ONLY:
+            return
+        t = time.monotonic()
+        log(f"phase {name} ...")
+        try:
+            fn(self)
+        except BenchError as e:
+            self.errors[name] = str(e)
+            log(f"phase {name} FAILED: {e}")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError,
+                ZeroDivisionError, json.JSONDecodeError) as e:
+            # A bug or a surprise: the other phases still run, the trace goes to the logs.
+            with open(LOGS / "bench-errors.log", "a") as f:
+                f.write(f"--- phase {name}\n{traceback.format_exc()}\n")
+            self.errors[name] = f"{type(e).__name__}: {e} (traceback in {LOGS / 'bench-errors.log'})"
+            log(f"phase {name} FAILED: {self.errors[name]}")
+        self.phases[name] = round(time.monotonic() - t, 1)
+        log(f"phase {name} done in {self.phases[name]:.1f}s")
+
+    def peak_rps(self) -> float:
+        peaks = [self.report.get(f"ingest_rps_c{c}") or 0 for c in CONCURRENCIES]
+        if not max(peaks) and os.environ.get("BENCH_PEAK_RPS"):
+            return float(os.environ["BENCH_PEAK_RPS"])
+        if not max(peaks):
+            raise BenchError("no ingest peak measured")
+        return max(peaks)
+
+    def record_rss(self) -> None:
+        if self.ingest:
+            self.rss["ingest"] = self.ingest.rss()
+        for service in self.relays:
+            if service.p.poll() is None:
+                self.rss[f"relay_{service.tag}"] = service.rss()
+        r = self.report
+        r["ingest_rss_mib"] = (self.rss.get("ingest") or {}).get("peak_mib")
+        peaks = [v.get("peak_mib") for k, v in self.rss.items() if k.startswith("relay") and v.get("peak_mib")]
+        r["relay_rss_mib"] = max(peaks) if peaks else None
+        self.details["rss"] = self.rss
+
+    def run(self) -> None:
+        self.phase("setup", prepare.run)
+        if "setup" in self.errors:
+            return
+        self.phase("ingest", ingest.run)
+        self.phase("half_load", ingest.run_half_load)
+        self.phase("relay", relay.run)
+        self.phase("peer", peer.run)
+        self.phase("e2e", e2e.run)
+        self.record_rss()
+        self.phase("tracing", tracing.run)
+        self.phase("relay_log", relay_log.run)
+        self.phase("prune", prune.run)
+        self.phase("growth", growth.run)
+
+    def drop_databases(self) -> None:
+        """The growth history is gigabytes: the databases go unless BENCH_KEEP=1."""
+        if os.environ.get("BENCH_KEEP", "") not in ("", "0"):
+            log("BENCH_KEEP: keeping bench_product, bench_ref and bench_peer")
+            return
+        for name in (Product.DB, Reference.DB, "bench_peer"):
+            try:
+                self.db.sql_admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)", timeout=120)
+            except BenchError as e:
+                log(f"  could not drop {name}: {e}")
