@@ -9,5 +9,6 @@ mod pooler;
 mod roles;
 mod run_demo;
 mod send_webhook;
+mod statements;
 mod tls;
 mod wake;

@@ -13,7 +13,7 @@
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt as _;
-use outbox_relay::storage::{self, Completion};
+use outbox_relay::storage::{self, RowVerdict, Verdict};
 use testkit::Role;
 
 use crate::harness::{Stack, StackOptions, event};
@@ -230,7 +230,7 @@ async fn a_shipment_that_was_performed_is_recorded_done_even_when_a_refund_lands
         .unwrap();
     let ship = rows
         .iter()
-        .find(|r| r.kind == "ship_order")
+        .find(|r| r.kind == storage::RowKind::Known(domain::CommandKind::ShipOrder))
         .expect("the shipment claimed");
     // The call is made and succeeds...
     let response = stack
@@ -245,13 +245,13 @@ async fn a_shipment_that_was_performed_is_recorded_done_even_when_a_refund_lands
     // ...and its outcome waits past the lease while the refund commits.
     tokio::time::sleep(Duration::from_millis(400)).await;
     post_ok(&stack, "evt_refund_1", "payment.refunded", 1).await;
-    let recorded = storage::record_outcomes(
+    let recorded = storage::record_verdicts(
         &client,
         owner,
-        &[storage::Outcome {
+        &[RowVerdict {
             id: ship.id,
             claim: ship.claim,
-            completion: Completion::Done,
+            verdict: Verdict::Done,
         }],
     )
     .await

@@ -44,8 +44,6 @@ pub mod audit;
 pub mod backlog;
 pub mod claim;
 pub mod columns;
-#[doc(hidden)]
-pub mod compat;
 pub mod complete;
 pub mod dead;
 pub mod prune;
@@ -54,8 +52,6 @@ pub use audit::{Audit, audit};
 pub use backlog::{Backlog, COUNT_DUE, StatusKindCount, backlog, counts_by_status_and_kind};
 pub use claim::{ClaimedRow, claim_due_batch, still_pending};
 pub use columns::{RowKind, RowStatus};
-#[doc(hidden)]
-pub use compat::{Completion, Outcome, record_outcomes};
 pub use complete::{Recorded, RowVerdict, Verdict, record_verdicts};
 pub use dead::{DeadRow, dead_rows, requeue_dead};
 pub use prune::{PRUNE_BATCH, Pruned, prune, prune_connect_options};
