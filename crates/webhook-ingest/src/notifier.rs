@@ -1,11 +1,12 @@
 //! Waking the relays after commits.
 //!
 //! Each request that enqueued outbox rows calls [`Notifier::notify`] after
-//! its transaction committed; one task sends `NOTIFY outbox_pending` on a
-//! pooled connection, at most one at a time: every commit made before a
-//! `NOTIFY` is sent is covered by it, so under load thousands of commits a
-//! second cost a few hundred notifications, and when idle each commit gets its
-//! own within a millisecond.
+//! its transaction committed; one task sends a `NOTIFY` on
+//! [`db::NOTIFY_CHANNEL`] ([`storage::wake_relays`]) on a pooled connection,
+//! at most one at a time: every commit made before a `NOTIFY` is sent is
+//! covered by it, so under load thousands of commits a second cost a few
+//! hundred notifications, and when idle each commit gets its own within a
+//! millisecond.
 //!
 //! Why not `NOTIFY` inside the enqueuing transaction: Postgres takes a global
 //! lock for every notifying transaction and holds it through the commit's WAL

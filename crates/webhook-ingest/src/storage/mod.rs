@@ -14,11 +14,11 @@
 //!
 //! The business rule is not in this SQL: [`domain::transition`] is evaluated
 //! for every state the order may be in, up front, and passed in as the
-//! statement's `plan`, an object keyed by the state's name (see [`plan`]);
+//! statement's `plan`, an object keyed by the state's name (see `plan.rs`);
 //! the statement takes the entry for the state it finds under lock.
 //!
 //! Each event kind runs the smallest statement that does its work
-//! ([`plan::Shape`]): `record_event.sql` (payments),
+//! (`plan::Shape`): `record_event.sql` (payments),
 //! `record_event_stopping_shipment.sql` (refunds: the same with one more
 //! step) or `record_claim_only.sql` (types we ignore). Executor start-up is a
 //! large share of the database's work per webhook, and it grows with every
