@@ -17,10 +17,11 @@
 //! `{"listening":"ADDR","control":"ADDR"}`.
 //!
 //! After a run, `simulator audit` ([`audit::run`]) checks the product's
-//! promise per order: the downstream's records against the database.
+//! promise, the downstream's records against the database: in totals (every
+//! command in the outbox had exactly one effect) and per order.
 //!
 //! # Layout
-//! - [`audit`]: the per-order rules, checked after a run.
+//! - [`audit`]: exactly once in totals and the per-order rules, checked after a run.
 //! - [`cli`]: the command line (`simulator downstream|provider|proxy|send|audit ...`).
 //! - [`downstream`]: the server, its idempotency and faults, `/stats`.
 //! - [`provider`]: events, signed deliveries and retries, the load loops, the summary.

@@ -2,7 +2,7 @@
 //! `simulator provider`: the simulated payment provider and load generator.
 //! `simulator proxy`: the fault-injecting TCP proxy.
 //! `simulator send`: one signed webhook, posted once, by hand.
-//! `simulator audit`: the per-order rules after a run.
+//! `simulator audit`: exactly once in totals and the per-order rules after a run.
 //!
 //! # Layout
 //! Parses the command line (exit 2 with one line naming the variable on any
@@ -18,8 +18,9 @@
 //! - `send` posts one signed event once and prints the status line and the
 //!   answer on stdout; exit 0 on a 2xx, 1 otherwise.
 //! - `audit` reads the downstream's stats and the database, prints the
-//!   table of rules on stdout (and the report as JSON to `--json-file`);
-//!   exit 0 if every rule held, 1 on a violation or an error.
+//!   totals, the table of rules and the "exactly once" line on stdout (and
+//!   the report as JSON to `--json-file`); exit 0 if every command had
+//!   exactly one effect and every rule held, 1 on a violation or an error.
 //! - `proxy` sends logs to stderr, binds the proxy and its control address,
 //!   prints `{"listening":"ADDR","control":"ADDR"}` as the only line on
 //!   stdout, and forwards until SIGTERM or Ctrl-C.
