@@ -65,7 +65,7 @@ db-url:
 db-stop:
 	@scripts/pg-cluster.sh stop
 
-## The benchmark (README, Performance): a table, target/bench/report.json and report.md.
+## The benchmark (docs/BENCHMARK.md): a table, target/bench/report.json and report.md.
 ## BENCH_QUICK=1 for a short run (under 2 minutes); see scripts/bench/__init__.py.
 bench: release
 	scripts/with-db.sh env PYTHONPATH=scripts python3 -m bench

@@ -1,4 +1,4 @@
-"""`make bench`: the benchmark report of README, Performance, measured in ONE run on ONE
+"""`make bench`: the benchmark report of docs/BENCHMARK.md, measured in ONE run on ONE
 Postgres server (DATABASE_URL, an admin URL allowed to CREATE DATABASE).
 
     make bench                  # full: about 8 minutes
@@ -21,7 +21,7 @@ What it does, in order (each phase's wall time is in the report):
  6. e2e       webhook accepted -> downstream effect, idle (events one by one)
               and while a provider load runs at half of peak.
  7. tracing   a short 64-sender run with and without OTLP export (to a local sink).
- 7b. relay_log the relay's log line per call (README, Tracing one event): drains with it on
+ 7b. relay_log the relay's log line per call (docs/CONTRACT.md, section 8): drains with it on
               (the default level) and off (RUST_LOG=warn), alternated on, off,
               off, on; the ratio of the rates is its cost.
  8. prune     retention under load: 1M done outbox rows and 1M processed events

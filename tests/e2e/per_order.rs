@@ -1,4 +1,4 @@
-//! Exactly once per ORDER (README, Guarantees): the three ways
+//! Exactly once per ORDER (docs/CONTRACT.md, section 7): the three ways
 //! distinct events of one order broke it, each replayed as a test.
 //!
 //! 1. A payment and a refund at the same moment: the refund must stop the

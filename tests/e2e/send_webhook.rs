@@ -1,4 +1,4 @@
-//! `simulator send`, the README's way to send a webhook by hand, signs as
+//! `simulator send`, the way to send a webhook by hand (README), signs as
 //! the ingest verifies, in both schemes: one processed event, one shipment
 //! and one email, a replay on the second send, and a 401 that writes
 //! nothing under a wrong secret.

@@ -1,4 +1,4 @@
-//! The relay's Prometheus metrics (README, Operating it). Gauges read from the
+//! The relay's Prometheus metrics (docs/CONTRACT.md, section 8). Gauges read from the
 //! database are refreshed on an interval by one task, not per scrape.
 
 use prometheus_client::encoding::EncodeLabelSet;

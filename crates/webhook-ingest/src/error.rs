@@ -6,7 +6,7 @@
 //!   provider acts on: 4xx means "do not retry this as is", 503 means "retry
 //!   later" (with `Retry-After`), 500 means a bug, also retried.
 //! - The log gets the whole cause chain (see `http::receive`).
-//! - The metrics get a fixed `outcome` label (README, Operating it).
+//! - The metrics get a fixed `outcome` label (docs/CONTRACT.md, section 8).
 
 use actix_web::HttpResponse;
 use actix_web::http::StatusCode;

@@ -1,4 +1,4 @@
-//! The ingest's Prometheus metrics (README, Operating it).
+//! The ingest's Prometheus metrics (docs/CONTRACT.md, section 8).
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;

@@ -20,7 +20,7 @@
 //!   used up), so its room is freed like any other's.
 //! - One log line per finished call (done, retry or dead; none for a row
 //!   released unsent), inside the row's `outbox.dispatch` span so that it
-//!   carries the event's `event_id`, `trace_id` and `span_id` (README, Tracing one event).
+//!   carries the event's `event_id`, `trace_id` and `span_id` (docs/CONTRACT.md, section 8).
 //!
 //! [`Relay::relay_once`] runs one claim-send-record pass to completion, for
 //! tests and tools that want to drain deterministically.

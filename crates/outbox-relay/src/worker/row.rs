@@ -168,7 +168,7 @@ impl Relay {
         self.deliver_in_span(row).instrument(span).await
     }
 
-    /// The call, then its one log line (README, Tracing one event): `outcome`,
+    /// The call, then its one log line (docs/CONTRACT.md, section 8): `outcome`,
     /// `http_status` (absent when no answer came: a timeout, a connection
     /// error, a payload never sent), `duration_ms`, and for a failure the
     /// `error`; the span lifts `event_id`, `outbox_id`, `kind`, `attempt`,

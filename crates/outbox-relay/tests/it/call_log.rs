@@ -1,4 +1,4 @@
-//! The relay's log line (README, Tracing one event): one JSON line per finished
+//! The relay's log line (docs/CONTRACT.md, section 8): one JSON line per finished
 //! downstream call (done, retry or dead) in the event's trace, read from a
 //! real relay process's stdout at the default level (`RUST_LOG` unset), and
 //! compared with what the downstream itself saw.

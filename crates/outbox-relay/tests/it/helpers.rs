@@ -90,7 +90,8 @@ impl Env {
         .unwrap()
     }
 
-    /// Enqueues a command as the ingest does: row and NOTIFY in one transaction.
+    /// Enqueues a command and notifies the relays, in one statement (the ingest
+    /// notifies after its commit, in a statement of its own: `notifier.rs`).
     pub async fn enqueue(&self, kind: &str, order_id: i64, event_id: &str) -> i64 {
         let prefix = domain::CommandKind::parse(kind).map_or("x", |k| k.key_prefix());
         let row = self

@@ -1,4 +1,4 @@
-//! Waking: NOTIFY from the enqueuing transaction, and recovery of every
+//! Waking: a NOTIFY on `db::NOTIFY_CHANNEL`, and recovery of every
 //! connection the relay holds.
 
 use std::time::{Duration, Instant};

@@ -1,4 +1,4 @@
-//! Each remaining row of the README's table of what the provider sees.
+//! Each remaining row of the table of responses (docs/CONTRACT.md, section 3).
 
 use crate::helpers::{SECRET, TestApp, event, now, spawn_app, standard_headers};
 
