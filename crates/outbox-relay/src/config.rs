@@ -38,16 +38,12 @@ pub enum Command {
     },
     /// Delete done and cancelled rows and processed events older than RETENTION_DAYS, in small batches.
     Prune,
-    /// After an incident: deliveries, duplicates, commands enqueued and
-    /// delivered by kind, and the downstream's own count of effects.
+    /// After an incident: deliveries, duplicates, and commands enqueued and
+    /// delivered by kind, as the database recorded them.
     Audit {
         /// The window: events processed and commands enqueued this recently (90s, 30m, 6h, 7d).
         #[arg(long, default_value = "24h", value_parser = parse_duration)]
         since: std::time::Duration,
-        /// Base URL of a downstream exposing GET /stats (the simulator), for
-        /// effects as the downstream counted them.
-        #[arg(long)]
-        downstream_stats: Option<String>,
         /// One JSON object on stdout.
         #[arg(long)]
         json: bool,

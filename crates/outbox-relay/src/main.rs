@@ -54,13 +54,9 @@ fn main() -> ExitCode {
                 async move { ops::prune(&database, retention_days).await },
             )
         }
-        Command::Audit {
-            since,
-            downstream_stats,
-            json,
-        } => process::run_command(PROGRAM, async move {
-            ops::audit(&database, since, downstream_stats.as_deref(), json).await
-        }),
+        Command::Audit { since, json } => {
+            process::run_command(PROGRAM, async move { ops::audit(&database, since, json).await })
+        }
     }
 }
 
