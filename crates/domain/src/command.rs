@@ -290,7 +290,7 @@ mod tests {
         fn encode_decode_round_trip(order_id in any::<i64>(), event_id in ".{0,64}", k in 0usize..3) {
             let c = Command { kind: CommandKind::ALL[k], order_id, event_id };
             let v = serde_json::to_value(c.payload()).unwrap();
-            prop_assert_eq!(Command::decode(c.kind.as_str(), &v).unwrap(), c.clone());
+            prop_assert_eq!(&Command::decode(c.kind.as_str(), &v).unwrap(), &c);
             let body: serde_json::Value = serde_json::from_slice(&c.request_body()).unwrap();
             prop_assert_eq!(body["order_id"].as_i64(), Some(order_id));
         }

@@ -43,7 +43,7 @@ pub enum Command {
     Audit {
         /// The window: events processed and commands enqueued this recently (90s, 30m, 6h, 7d).
         #[arg(long, default_value = "24h", value_parser = parse_duration)]
-        since: std::time::Duration,
+        since: Duration,
         /// One JSON object on stdout.
         #[arg(long)]
         json: bool,
@@ -51,7 +51,7 @@ pub enum Command {
 }
 
 /// `90s`, `30m`, `6h`, `7d` (a bare number is seconds).
-pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let (number, unit) = text
         .find(|c: char| !c.is_ascii_digit())
@@ -66,7 +66,7 @@ pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
         "d" => n * 86_400,
         _ => return Err(format!("`{text}`: unknown unit `{unit}` (s, m, h, d)")),
     };
-    Ok(std::time::Duration::from_secs(secs))
+    Ok(Duration::from_secs(secs))
 }
 
 #[derive(Debug, Subcommand)]

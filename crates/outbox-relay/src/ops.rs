@@ -114,18 +114,6 @@ fn human_age(seconds: f64) -> String {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn ages() {
-        assert_eq!(super::human_age(5.2), "5s");
-        assert_eq!(super::human_age(600.0), "10m");
-        assert_eq!(super::human_age(3.0 * 3600.0), "3h");
-        assert_eq!(super::human_age(3.0 * 86_400.0), "3d");
-        assert_eq!(super::human_age(-1.0), "0s");
-    }
-}
-
 /// `audit`: what the database recorded over the window. The comparison with
 /// the effects a downstream counted is `simulator audit`'s: the relay reads
 /// nothing but its own tables.
@@ -199,4 +187,16 @@ fn write_audit(out: &mut impl std::io::Write, a: &storage::Audit) -> std::io::Re
         a.double_enqueued
     )?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn ages() {
+        assert_eq!(super::human_age(5.2), "5s");
+        assert_eq!(super::human_age(600.0), "10m");
+        assert_eq!(super::human_age(3.0 * 3600.0), "3h");
+        assert_eq!(super::human_age(3.0 * 86_400.0), "3d");
+        assert_eq!(super::human_age(-1.0), "0s");
+    }
 }

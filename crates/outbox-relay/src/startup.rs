@@ -182,7 +182,7 @@ async fn prune_periodically(
                     outbox_rows = p.outbox_rows,
                     processed_events = p.processed_events,
                     "pruned"
-                )
+                );
             }
             Ok(_) => {}
             Err(e) => tracing::warn!(error = format!("{e:#}"), "prune failed"),

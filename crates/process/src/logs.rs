@@ -221,7 +221,7 @@ where
 
 /// The OpenTelemetry trace and span id of a span, when the tracing layer is
 /// installed and the span has a valid context.
-fn trace_ids(id: &tracing::span::Id) -> Option<(String, String)> {
+fn trace_ids(id: &Id) -> Option<(String, String)> {
     use opentelemetry::trace::TraceContextExt as _;
     tracing::dispatcher::get_default(|dispatch| {
         let cx = tracing_opentelemetry::get_otel_context(id, dispatch)?;

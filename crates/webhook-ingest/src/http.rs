@@ -83,7 +83,7 @@ pub async fn receive(req: HttpRequest, body: web::Payload, state: web::Data<AppS
                 match &err {
                     IngestError::Unexpected(e) => tracing::error!(error = format!("{e:#}"), "webhook failed"),
                     IngestError::Unavailable(_) | IngestError::Deadline | IngestError::Overloaded => {
-                        tracing::warn!(error = %err, "webhook not processed, provider told to retry")
+                        tracing::warn!(error = %err, "webhook not processed, provider told to retry");
                     }
                     _ => tracing::info!(error = %err, "webhook rejected"),
                 }

@@ -542,7 +542,7 @@ pub fn check(e: &Evidence) -> Report {
                     match ship_row.map(String::as_str) {
                         Some("done") => r.shipments_under_way_then_done += 1,
                         Some("cancelled") if ship_effects > 0 => {
-                            r.shipments_under_way_then_cancelled_with_effect += 1
+                            r.shipments_under_way_then_cancelled_with_effect += 1;
                         }
                         _ => {}
                     }

@@ -67,7 +67,7 @@ pub const STATEMENTS: &[&Sql] = &[
     &complete::COMPLETE,
     &backlog::BACKLOG,
     &backlog::COUNTS_BY_STATUS_AND_KIND,
-    &backlog::COUNT_DUE,
+    &COUNT_DUE,
     &dead::DEAD_ROWS,
     &dead::REQUEUE_DEAD,
     &prune::PRUNE_OUTBOX,

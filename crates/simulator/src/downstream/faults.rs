@@ -410,7 +410,7 @@ mod tests {
         assert!(ok.validate().is_ok());
         let too_much = Faults {
             reset_rate: 0.7,
-            ..ok.clone()
+            ..ok
         };
         assert!(too_much.validate().unwrap_err().contains("at most 1"));
         let negative = Faults {
@@ -440,7 +440,7 @@ mod tests {
                 Step::Fail(Failure::Status(StatusCode::TOO_MANY_REQUESTS)) => limited += 1,
                 Step::Fail(Failure::Status(s)) => {
                     assert!(s.is_server_error());
-                    errors += 1
+                    errors += 1;
                 }
                 Step::Proceed => {}
                 other => panic!("unexpected {other:?}"),

@@ -182,7 +182,7 @@ pub(crate) struct Answer {
     pub(crate) status: u16,
     pub(crate) replayed: bool,
     pub(crate) retry_after: Option<Duration>,
-    pub(crate) body: bytes::Bytes,
+    pub(crate) body: Bytes,
 }
 
 /// Posts signed deliveries; one per run, shared by every sender.

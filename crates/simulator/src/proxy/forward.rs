@@ -145,15 +145,12 @@ async fn serve(client: TcpStream, shared: Arc<Shared>, stop: CancellationToken) 
         Fate::Cut { after } => Some(after),
         Fate::Forward => None,
     };
-    let upstream =
-        match tokio::time::timeout(UPSTREAM_CONNECT_TIMEOUT, TcpStream::connect(shared.upstream)).await {
-            Ok(Ok(upstream)) => upstream,
-            Ok(Err(_)) | Err(_) => {
-                Counters::count(&counters.upstream_failures, 1);
-                reset(&client);
-                return;
-            }
-        };
+    let connect = tokio::time::timeout(UPSTREAM_CONNECT_TIMEOUT, TcpStream::connect(shared.upstream));
+    let Ok(Ok(upstream)) = connect.await else {
+        Counters::count(&counters.upstream_failures, 1);
+        reset(&client);
+        return;
+    };
     // Chunks are written as read; Nagle would only add delays of its own.
     let _ = client.set_nodelay(true);
     let _ = upstream.set_nodelay(true);

@@ -284,8 +284,7 @@ async fn a_huge_header_is_refused_and_the_server_survives() {
         .unwrap();
     assert!(
         answer.is_empty() || answer.starts_with("HTTP/1.1 431") || answer.starts_with("HTTP/1.1 400"),
-        "{:.100}",
-        answer
+        "{answer:.100}"
     );
     app.insert_order(1, "pay_1", "pending").await;
     let r = app

@@ -47,7 +47,7 @@ async fn a_database_outage_is_503_and_the_service_recovers_on_its_own() {
     }
     assert_eq!(last, 200, "the service recovers without a restart");
     assert_eq!(app.readyz().await.0, 200);
-    let client = testkit::TestDb::connect_url(&url).await;
+    let client = TestDb::connect_url(&url).await;
     let n: i64 = client
         .query_one("SELECT count(*) FROM outbox WHERE order_id = 2", &[])
         .await
