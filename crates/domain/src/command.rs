@@ -23,6 +23,39 @@ pub enum CommandKind {
     SendRefundNotice,
 }
 
+/// Where a command's outbox row stands (`outbox.status`): the schema allows
+/// these four and no other. The ingest writes `pending` (and `cancelled` when
+/// a refund stops a shipment), the relay `done`, `dead` or `pending` again;
+/// the relay, its operator commands and the audit read them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OutboxStatus {
+    /// Waiting to be sent: due, leased, or waiting out a retry's backoff.
+    Pending,
+    Done,
+    /// Waiting for an operator (`dead list`, `dead requeue`).
+    Dead,
+    /// Stopped by a refund before it was sent (only shipments).
+    Cancelled,
+}
+
+impl OutboxStatus {
+    pub const ALL: [OutboxStatus; 4] = [Self::Pending, Self::Done, Self::Dead, Self::Cancelled];
+
+    /// The `outbox.status` column.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Done => "done",
+            Self::Dead => "dead",
+            Self::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|status| status.as_str() == s)
+    }
+}
+
 /// Which downstream API a command goes to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {

@@ -10,13 +10,16 @@
 //! - [`order`]: order states and the [`transition`] table: what an event does
 //!   to an order in each state.
 //! - [`command`]: [`CommandKind`], [`Command`], idempotency keys, the outbox
-//!   payload encoding and the downstream request each command becomes.
+//!   payload encoding, the outbox row's [`OutboxStatus`] and the downstream
+//!   request each command becomes.
 #![forbid(unsafe_code)]
 
 pub mod command;
 pub mod event;
 pub mod order;
 
-pub use command::{Command, CommandKind, Endpoint, OutboxPayload, PAYLOAD_VERSION, PayloadError};
+pub use command::{
+    Command, CommandKind, Endpoint, OutboxPayload, OutboxStatus, PAYLOAD_VERSION, PayloadError,
+};
 pub use event::{EventError, EventKind, MAX_ID_LEN, ProviderEvent};
 pub use order::{EventOutcome, OrderStatus, Transition, transition};

@@ -5,7 +5,7 @@
 use std::error::Error;
 use std::fmt;
 
-use domain::CommandKind;
+use domain::{CommandKind, OutboxStatus};
 use tokio_postgres::types::{FromSql, Type};
 
 /// A row's `kind`. The column is free text: a newer ingest (or an operator)
@@ -56,39 +56,17 @@ impl<'a> FromSql<'a> for RowKind {
     }
 }
 
-/// A row's `status`: the schema allows these four and no other.
+/// A row's `status` as read: [`OutboxStatus`], or an error naming a status
+/// the schema does not allow (`row.get::<_, Status>("status").0`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RowStatus {
-    /// Waiting to be sent: due, leased, or waiting out a retry's backoff.
-    Pending,
-    Done,
-    /// Waiting for an operator (`dead list`, `dead requeue`).
-    Dead,
-    /// Stopped by a refund before it was sent (only shipments).
-    Cancelled,
-}
+pub struct Status(pub OutboxStatus);
 
-impl RowStatus {
-    pub const ALL: [RowStatus; 4] = [Self::Pending, Self::Done, Self::Dead, Self::Cancelled];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Pending => "pending",
-            Self::Done => "done",
-            Self::Dead => "dead",
-            Self::Cancelled => "cancelled",
-        }
-    }
-
-    pub fn parse(text: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|s| s.as_str() == text)
-    }
-}
-
-impl<'a> FromSql<'a> for RowStatus {
+impl<'a> FromSql<'a> for Status {
     fn from_sql(ty: &Type, raw: &'a [u8]) -> Result<Self, Box<dyn Error + Sync + Send>> {
         let text = <&str as FromSql>::from_sql(ty, raw)?;
-        Self::parse(text).ok_or_else(|| format!("outbox status `{text}` is none the schema allows").into())
+        OutboxStatus::parse(text)
+            .map(Self)
+            .ok_or_else(|| format!("outbox status `{text}` is none the schema allows").into())
     }
 
     fn accepts(ty: &Type) -> bool {
@@ -108,9 +86,9 @@ mod tests {
         }
         let unknown = RowKind::parse("teleport");
         assert_eq!((unknown.as_str(), unknown.label()), ("teleport", "unknown"));
-        for status in RowStatus::ALL {
-            assert_eq!(RowStatus::parse(status.as_str()), Some(status));
+        for status in OutboxStatus::ALL {
+            assert_eq!(OutboxStatus::parse(status.as_str()), Some(status));
         }
-        assert_eq!(RowStatus::parse("Done"), None);
+        assert_eq!(OutboxStatus::parse("Done"), None);
     }
 }

@@ -4,9 +4,10 @@
 use std::time::Duration;
 
 use db::{Column, Sql, col};
+use domain::OutboxStatus;
 use tokio_postgres::types::Type;
 
-use super::RowStatus;
+use super::Status;
 
 /// Every verdict of a batch in one statement (see the file).
 pub(crate) const COMPLETE: Sql = Sql::new(
@@ -70,7 +71,7 @@ pub struct RowVerdict {
 #[derive(Debug, Clone)]
 pub struct Recorded {
     pub id: i64,
-    pub status: RowStatus,
+    pub status: OutboxStatus,
     pub age_seconds: f64,
 }
 
@@ -109,7 +110,7 @@ pub async fn record_verdicts(
         .map(|r| {
             Ok(Recorded {
                 id: r.try_get("id")?,
-                status: r.try_get("status")?,
+                status: r.try_get::<_, Status>("status")?.0,
                 age_seconds: r.try_get("age_seconds")?,
             })
         })

@@ -51,7 +51,7 @@ pub mod prune;
 pub use audit::{Audit, audit};
 pub use backlog::{Backlog, COUNT_DUE, StatusKindCount, backlog, counts_by_status_and_kind};
 pub use claim::{ClaimedRow, claim_due_batch, still_pending};
-pub use columns::{RowKind, RowStatus};
+pub use columns::{RowKind, Status};
 pub use complete::{Recorded, RowVerdict, Verdict, record_verdicts};
 pub use dead::{DeadRow, dead_rows, requeue_dead};
 pub use prune::{PRUNE_BATCH, Pruned, prune, prune_connect_options};

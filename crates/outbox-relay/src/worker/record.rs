@@ -7,11 +7,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use domain::OutboxStatus;
 use tokio::sync::mpsc;
 
 use super::Relay;
 use super::row::Settled;
-use crate::storage::{self, RowStatus, RowVerdict, Verdict};
+
+use crate::storage::{self, RowVerdict, Verdict};
 
 impl Relay {
     /// Records verdicts (fenced on our lease) and the metrics of those recorded.
@@ -28,7 +30,7 @@ impl Relay {
             }
         }
         for r in &recorded {
-            if r.status == RowStatus::Done {
+            if r.status == OutboxStatus::Done {
                 self.metrics.enqueue_to_done.observe(r.age_seconds);
             }
         }

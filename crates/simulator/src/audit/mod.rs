@@ -36,7 +36,7 @@ use tokio_postgres::types::Type;
 use crate::downstream::Stats;
 pub use report::Report;
 pub use rules::{Finding, Ledger, Payment, PerOrder, Rule};
-pub use totals::{CommandCount, DownstreamEffects, ExactlyOnce, RowStatus, Totals};
+pub use totals::{CommandCount, DownstreamEffects, ExactlyOnce, Totals};
 
 /// What to audit, and how.
 #[derive(Debug, Clone)]
@@ -172,7 +172,7 @@ pub async fn read_totals(
             let status: String = row.try_get("status")?;
             Ok(CommandCount {
                 kind: CommandKind::parse(&kind).with_context(|| format!("an outbox row of kind {kind:?}"))?,
-                status: RowStatus::parse(&status)
+                status: domain::OutboxStatus::parse(&status)
                     .with_context(|| format!("an outbox row in status {status:?}"))?,
                 count: row.try_get("commands")?,
             })

@@ -17,42 +17,16 @@
 
 use std::fmt;
 
-use domain::CommandKind;
+use domain::{CommandKind, OutboxStatus};
 use serde::{Serialize, Serializer};
 
 use crate::downstream::Stats;
-
-/// Where an outbox row stands (`outbox.status`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum RowStatus {
-    Pending,
-    Done,
-    Dead,
-    Cancelled,
-}
-
-impl RowStatus {
-    pub const ALL: [RowStatus; 4] = [Self::Pending, Self::Done, Self::Dead, Self::Cancelled];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Pending => "pending",
-            Self::Done => "done",
-            Self::Dead => "dead",
-            Self::Cancelled => "cancelled",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|status| status.as_str() == s)
-    }
-}
 
 /// Outbox rows of one kind and status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CommandCount {
     pub kind: CommandKind,
-    pub status: RowStatus,
+    pub status: OutboxStatus,
     pub count: i64,
 }
 
@@ -102,7 +76,7 @@ pub struct Totals {
 
 impl Totals {
     /// Rows of `kind` in `status`; `None` for any kind or any status.
-    pub fn commands(&self, kind: Option<CommandKind>, status: Option<RowStatus>) -> i64 {
+    pub fn commands(&self, kind: Option<CommandKind>, status: Option<OutboxStatus>) -> i64 {
         self.commands
             .iter()
             .filter(|c| kind.is_none_or(|k| k == c.kind) && status.is_none_or(|s| s == c.status))
@@ -126,7 +100,7 @@ pub struct ExactlyOnce {
 
 /// Compares the downstream's effects with the outbox's commands.
 pub fn compare(totals: &Totals) -> ExactlyOnce {
-    let done = |kind| totals.commands(Some(kind), Some(RowStatus::Done)).max(0) as u64;
+    let done = |kind| totals.commands(Some(kind), Some(OutboxStatus::Done)).max(0) as u64;
     let down = &totals.downstream;
     let mut problems = Vec::new();
     if down.double_effects != 0 {
@@ -135,14 +109,14 @@ pub fn compare(totals: &Totals) -> ExactlyOnce {
             down.double_effects
         ));
     }
-    let pending = totals.commands(None, Some(RowStatus::Pending));
-    let dead = totals.commands(None, Some(RowStatus::Dead));
+    let pending = totals.commands(None, Some(OutboxStatus::Pending));
+    let dead = totals.commands(None, Some(OutboxStatus::Dead));
     if pending != 0 || dead != 0 {
         problems.push(format!("{pending} commands still pending, {dead} dead"));
     }
     let shipped = done(CommandKind::ShipOrder);
     let ship_cancelled = totals
-        .commands(Some(CommandKind::ShipOrder), Some(RowStatus::Cancelled))
+        .commands(Some(CommandKind::ShipOrder), Some(OutboxStatus::Cancelled))
         .max(0) as u64;
     if !(shipped..=shipped + ship_cancelled).contains(&down.shipments) {
         problems.push(format!(
@@ -211,10 +185,10 @@ impl fmt::Display for Totals {
                 "  {:<20} {:>9} {:>10} {:>8} {:>6} {:>10}",
                 kind.as_str(),
                 count(None),
-                count(Some(RowStatus::Done)),
-                count(Some(RowStatus::Pending)),
-                count(Some(RowStatus::Dead)),
-                count(Some(RowStatus::Cancelled))
+                count(Some(OutboxStatus::Done)),
+                count(Some(OutboxStatus::Pending)),
+                count(Some(OutboxStatus::Dead)),
+                count(Some(OutboxStatus::Cancelled))
             )?;
         }
         let d = &self.downstream;
@@ -231,7 +205,7 @@ impl fmt::Display for Totals {
 mod tests {
     use super::*;
 
-    fn totals(commands: &[(CommandKind, RowStatus, i64)], shipments: u64, emails: u64) -> Totals {
+    fn totals(commands: &[(CommandKind, OutboxStatus, i64)], shipments: u64, emails: u64) -> Totals {
         Totals {
             deliveries: 12,
             distinct_events: 10,
@@ -250,7 +224,7 @@ mod tests {
     }
 
     use CommandKind::{SendConfirmation, SendRefundNotice, ShipOrder};
-    use RowStatus::{Cancelled, Dead, Done, Pending};
+    use OutboxStatus::{Cancelled, Dead, Done, Pending};
 
     #[test]
     fn effects_equal_to_commands_done_hold() {
