@@ -1,4 +1,8 @@
 //! End-to-end tests: the real binaries as processes.
+#![expect(
+    clippy::unwrap_used,
+    reason = "test helpers beside the tests: a panic is how a test fails"
+)]
 
 mod chaos;
 mod harness;

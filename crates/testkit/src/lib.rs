@@ -22,6 +22,10 @@
 //! - [`process`]: a server process that announces itself on stdout.
 //! - [`metrics`]: Prometheus text, parsed for assertions.
 #![forbid(unsafe_code)]
+#![expect(
+    clippy::unwrap_used,
+    reason = "test support: a panic is how a test fails, with the call site in its message"
+)]
 
 pub mod bin;
 pub mod cluster;

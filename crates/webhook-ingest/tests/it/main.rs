@@ -1,5 +1,9 @@
 //! webhook-ingest against a real Postgres (a fresh database per test) over
 //! real HTTP on loopback.
+#![expect(
+    clippy::unwrap_used,
+    reason = "test helpers beside the tests: a panic is how a test fails"
+)]
 
 mod cancel;
 mod config;
