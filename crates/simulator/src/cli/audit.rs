@@ -17,7 +17,7 @@ pub struct AuditArgs {
         value_name = "DATABASE_URL",
         hide_env_values = true
     )]
-    pub database_url: String,
+    pub database_url: process::Secret<String>,
 
     /// The downstream's base URL, as the relay's FULFILMENT_URL and EMAIL_URL.
     #[arg(long, env = "DOWNSTREAM_URL", value_name = "DOWNSTREAM_URL")]
@@ -44,7 +44,7 @@ impl AuditArgs {
     /// The library's configuration; fails naming DATABASE_URL on a bad URL
     /// (without repeating it: it may hold a password).
     pub fn config(&self) -> Result<AuditConfig, String> {
-        let database = db::Database::parse(&self.database_url)
+        let database = db::Database::parse(self.database_url.expose())
             .map_err(|e| format!("--database-url (DATABASE_URL): {e}"))?;
         Ok(AuditConfig {
             database,
