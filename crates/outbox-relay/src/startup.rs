@@ -54,7 +54,7 @@ impl Application {
         let relay = Arc::new(Relay::new(pool.clone(), config.clone(), metrics.clone())?);
         let admin = AdminServer::bind(
             admin_addr,
-            readiness(pool.clone(), relay.health.clone(), config.clone()),
+            readiness(pool.clone(), relay.health.clone(), &config),
             Arc::new(registry),
         )?;
         Ok(Self {
@@ -118,14 +118,14 @@ impl Application {
 
 /// `/readyz`: database reachable and current, and the claim loop alive
 /// (woken by NOTIFY or, without it, by its polling fallback).
-fn readiness(pool: db::Pool, health: Arc<LoopHealth>, config: RelayConfig) -> Readiness {
+fn readiness(pool: db::Pool, health: Arc<LoopHealth>, config: &RelayConfig) -> Readiness {
     let stale_after = (config.poll_interval * 3)
         .max(Duration::from_secs(15))
         .as_millis() as i64;
+    let listen = config.listen;
     Arc::new(move || {
         let pool = pool.clone();
         let health = health.clone();
-        let listen = config.listen;
         Box::pin(async move {
             db::ready::check(&pool).await?;
             let last = health.last_claim_ms.load(Ordering::Relaxed);

@@ -44,14 +44,14 @@ fn main() -> ExitCode {
     let cli: Cli = process::parse_or_exit(PROGRAM);
     match cli.command {
         Command::Downstream(args) => serve_downstream(args),
-        Command::Provider(args) => provide(args),
+        Command::Provider(args) => provide(&args),
         Command::Proxy(args) => serve_proxy(args),
         Command::Send(args) => send(args),
-        Command::Audit(args) => audit(args),
+        Command::Audit(args) => audit(&args),
     }
 }
 
-fn audit(args: AuditArgs) -> ExitCode {
+fn audit(args: &AuditArgs) -> ExitCode {
     let config = args.config().unwrap_or_else(|e| config_error(PROGRAM, &e));
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -199,7 +199,7 @@ fn send(args: SendArgs) -> ExitCode {
     }
 }
 
-fn provide(args: ProviderArgs) -> ExitCode {
+fn provide(args: &ProviderArgs) -> ExitCode {
     let config = args.config().unwrap_or_else(|e| config_error(PROGRAM, &e));
     // One thread by default: no cross-thread wake-ups, and the generator
     // leaves the rest of the machine to the ingest and Postgres it loads.

@@ -154,7 +154,7 @@ impl Report {
         self.violations.values().map(Vec::len).sum()
     }
 
-    fn flag(&mut self, v: Violation, order: i64, why: String) {
+    fn flag(&mut self, v: Violation, order: i64, why: &str) {
         self.violations.entry(v).or_default().push(order);
         self.details
             .entry(v)
@@ -260,7 +260,7 @@ pub fn check(e: &Evidence) -> Report {
             r.flag(
                 Violation::ClaimedTwice,
                 order,
-                format!("{id} claimed {} times in phase {phase}", in_phase.len()),
+                &format!("{id} claimed {} times in phase {phase}", in_phase.len()),
             );
         }
         let acked: Vec<&Delivery> = e
@@ -272,7 +272,7 @@ pub fn check(e: &Evidence) -> Report {
             r.flag(
                 Violation::Acknowledgement,
                 order,
-                format!("{id} never got a 200 in phase {phase}"),
+                &format!("{id} never got a 200 in phase {phase}"),
             );
             continue;
         }
@@ -283,7 +283,7 @@ pub fn check(e: &Evidence) -> Report {
             r.flag(
                 Violation::Acknowledgement,
                 order,
-                format!("{id} acknowledged but never claimed"),
+                &format!("{id} acknowledged but never claimed"),
             );
             continue;
         };
@@ -292,7 +292,7 @@ pub fn check(e: &Evidence) -> Report {
                 r.flag(
                     Violation::Acknowledgement,
                     order,
-                    format!("{id} answered {:?} but recorded {}", d.outcome, claim.status),
+                    &format!("{id} answered {:?} but recorded {}", d.outcome, claim.status),
                 );
             }
         }
@@ -303,7 +303,7 @@ pub fn check(e: &Evidence) -> Report {
             r.flag(
                 Violation::DoubleEffect,
                 order,
-                format!("{k}: {} effects", rec.effects),
+                &format!("{k}: {} effects", rec.effects),
             );
         }
     }
@@ -394,7 +394,7 @@ pub fn check(e: &Evidence) -> Report {
                 r.flag(
                     Violation::Outcome,
                     order,
-                    format!(
+                    &format!(
                         "{} recorded {} but the rule gives {}: {}",
                         c.event_id,
                         c.status,
@@ -418,7 +418,7 @@ pub fn check(e: &Evidence) -> Report {
             r.flag(
                 Violation::FinalStatus,
                 order,
-                format!(
+                &format!(
                     "ends {:?}, the model {}: {}",
                     e.orders.get(&order),
                     state.as_str(),
@@ -432,7 +432,7 @@ pub fn check(e: &Evidence) -> Report {
             r.flag(
                 Violation::Confirmation,
                 order,
-                format!(
+                &format!(
                     "{} confirmations, the model {}: {}",
                     effects(CommandKind::SendConfirmation),
                     expect(CommandKind::SendConfirmation),
@@ -444,7 +444,7 @@ pub fn check(e: &Evidence) -> Report {
             r.flag(
                 Violation::RefundNotice,
                 order,
-                format!(
+                &format!(
                     "{} refund notices, the model {}: {}",
                     effects(CommandKind::SendRefundNotice),
                     expect(CommandKind::SendRefundNotice),
@@ -462,7 +462,7 @@ pub fn check(e: &Evidence) -> Report {
             r.flag(
                 Violation::NoticeEnqueuedTwice,
                 order,
-                format!("{notice_rows} refund-notice rows enqueued: {}", history()),
+                &format!("{notice_rows} refund-notice rows enqueued: {}", history()),
             );
         }
 
@@ -477,12 +477,12 @@ pub fn check(e: &Evidence) -> Report {
             .filter(|w| w.kind == CommandKind::ShipOrder.as_str())
             .collect();
         if ship_row.is_some_and(|s| s == "done") && ship_effects == 0 {
-            r.flag(Violation::DoneWithoutEffect, order, history());
+            r.flag(Violation::DoneWithoutEffect, order, &history());
         }
         match (expect(CommandKind::ShipOrder), stopped_by) {
             (0, _) => {
                 if ship_effects > 0 {
-                    r.flag(Violation::ShippedUnpaid, order, history());
+                    r.flag(Violation::ShippedUnpaid, order, &history());
                 }
             }
             (_, None) => {
@@ -490,7 +490,7 @@ pub fn check(e: &Evidence) -> Report {
                     r.flag(
                         Violation::ShipmentCount,
                         order,
-                        format!("{ship_effects} shipments: {}", history()),
+                        &format!("{ship_effects} shipments: {}", history()),
                     );
                 }
             }
@@ -510,7 +510,7 @@ pub fn check(e: &Evidence) -> Report {
                                 Violation::ShipmentClaimedAfterRefund
                             },
                             order,
-                            format!(
+                            &format!(
                                 "{} claim(s) after the refund {} was answered at {acked}: {}",
                                 late.len(),
                                 refund.event_id,
@@ -523,7 +523,7 @@ pub fn check(e: &Evidence) -> Report {
                     r.flag(
                         Violation::ShipmentNotStopped,
                         order,
-                        format!("shipment left {:?}: {}", ship_row, history()),
+                        &format!("shipment left {:?}: {}", ship_row, history()),
                     );
                 }
                 // Was a claim under way when the refund's statement ran? The
@@ -572,7 +572,7 @@ pub fn check(e: &Evidence) -> Report {
                             .iter()
                             .any(|&t| t >= call.arrived_us as i64 && t <= call.ended_us as i64 + 60_000_000);
                         if !excused {
-                            r.flag(Violation::PerformedButCancelled, order, history());
+                            r.flag(Violation::PerformedButCancelled, order, &history());
                         }
                     }
                 }

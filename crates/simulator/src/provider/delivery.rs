@@ -335,7 +335,11 @@ impl Sender {
                 signature::sign_stripe(&self.secret, timestamp, body),
             ),
         };
-        let response = request.body(body.clone()).send().await.map_err(no_answer)?;
+        let response = request
+            .body(body.clone())
+            .send()
+            .await
+            .map_err(|e| no_answer(&e))?;
         let status = response.status().as_u16();
         let headers = response.headers();
         let replayed = headers
@@ -346,7 +350,7 @@ impl Sender {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse::<u64>().ok())
             .map(Duration::from_secs);
-        let body = response.bytes().await.map_err(no_answer)?;
+        let body = response.bytes().await.map_err(|e| no_answer(&e))?;
         Ok(Answer {
             status,
             replayed,
@@ -356,7 +360,7 @@ impl Sender {
     }
 }
 
-fn no_answer(err: reqwest::Error) -> NoAnswer {
+fn no_answer(err: &reqwest::Error) -> NoAnswer {
     if err.is_timeout() {
         NoAnswer::Timeout
     } else {

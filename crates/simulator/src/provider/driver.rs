@@ -57,7 +57,7 @@ struct AckFile {
 }
 
 impl Run {
-    pub(crate) fn new(config: ProviderConfig, seed: u64, stop: CancellationToken) -> anyhow::Result<Self> {
+    pub(crate) fn new(config: &ProviderConfig, seed: u64, stop: CancellationToken) -> anyhow::Result<Self> {
         let acks = match &config.ack_file {
             Some(path) => {
                 let file = File::create(path).with_context(|| format!("creating {}", path.display()))?;
@@ -68,7 +68,7 @@ impl Run {
             }
             None => None,
         };
-        let sender = Sender::new(&config).context("building the HTTP client")?;
+        let sender = Sender::new(config).context("building the HTTP client")?;
         let started = Instant::now();
         Ok(Self {
             sender,

@@ -80,7 +80,7 @@ pub async fn run_until(
     config.validate().map_err(anyhow::Error::msg)?;
     let seed = config.seed.unwrap_or_else(rand::random);
     let run_id = config.run_id.clone();
-    let run = Arc::new(driver::Run::new(config, seed, stop)?);
+    let run = Arc::new(driver::Run::new(&config, seed, stop)?);
     let mut report = run.run(progress).await?;
     report.summary.run_id = run_id;
     report.summary.seed = seed;
