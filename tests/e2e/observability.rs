@@ -153,6 +153,98 @@ async fn one_trace_holds_the_event_from_webhook_to_every_downstream_call() {
     assert_eq!(stats.key("ship-41").requests, 2);
 }
 
+/// Only what is signed picks our trace: a request that fails verification,
+/// whatever `traceparent` it sends (sampled or not), is traced in a fresh
+/// root trace and its context is neither continued nor stored; the verified
+/// delivery after it still continues the provider's trace, and its outbox
+/// rows store it.
+#[tokio::test]
+async fn only_a_verified_delivery_continues_its_traceparent() {
+    const FORGED_TRACE: &str = "5ee0f0f0f0f0f0f0f0f0f0f0f0f0f0f0";
+    const UNSAMPLED_TRACE: &str = "0dd0f0f0f0f0f0f0f0f0f0f0f0f0f0f0";
+    const FORGED_SPAN: &str = "a11ce0000000beef";
+    const WRONG_SECRET: &str = "whsec_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA";
+    let mut stack = Stack::start(StackOptions {
+        otlp: true,
+        ..Default::default()
+    })
+    .await;
+    stack.insert_order(43, "pay_43").await;
+
+    let body = event("evt_signed", "payment.succeeded", "pay_43");
+    for forged in [
+        format!("00-{FORGED_TRACE}-{FORGED_SPAN}-01"),
+        format!("00-{UNSAMPLED_TRACE}-{FORGED_SPAN}-00"),
+    ] {
+        let r = stack
+            .post_signed_with(&body, WRONG_SECRET, &[("traceparent", &forged)])
+            .await;
+        assert_eq!(r.status(), 401, "{forged}");
+    }
+    let traceparent = format!("00-{PROVIDER_TRACE}-{PROVIDER_SPAN}-01");
+    let r = stack.post(&body, &[("traceparent", &traceparent)]).await;
+    assert_eq!(r.status(), 200);
+    let stored: Vec<String> = stack
+        .client
+        .query("SELECT trace_context FROM outbox", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert!(!stored.is_empty());
+    for tp in &stored {
+        assert_eq!(tp.split('-').nth(1), Some(PROVIDER_TRACE), "stored: {stored:?}");
+    }
+
+    // Stopping flushes what is still batched.
+    stack.ingest.stop(Duration::from_secs(10));
+    let spans = stack.otlp.as_ref().unwrap().spans();
+    let forged: Vec<_> = spans
+        .iter()
+        .filter(|s| {
+            s.trace_id == FORGED_TRACE || s.trace_id == UNSAMPLED_TRACE || s.parent_span_id == FORGED_SPAN
+        })
+        .collect();
+    assert!(forged.is_empty(), "spans in a forged trace: {forged:#?}");
+    let ingest: Vec<_> = spans.iter().filter(|s| s.service == "webhook-ingest").collect();
+    let rejected: Vec<_> = ingest
+        .iter()
+        .filter(|s| s.kind == 2 && s.attr("http.response.status_code") == Some("401"))
+        .collect();
+    assert_eq!(
+        rejected.len(),
+        2,
+        "each rejection traced as a root, the unsampled flag ignored: {ingest:#?}"
+    );
+    for r in &rejected {
+        assert_eq!(r.parent_span_id, "", "a root span: {r:#?}");
+        assert_ne!(r.trace_id, PROVIDER_TRACE);
+        assert!(
+            ingest.iter().any(|s| s.name == "webhook.verify"
+                && s.parent_span_id == r.span_id
+                && s.trace_id == r.trace_id),
+            "webhook.verify under the rejected request's span: {ingest:#?}"
+        );
+    }
+    assert_ne!(rejected[0].trace_id, rejected[1].trace_id);
+    let server: Vec<_> = ingest
+        .iter()
+        .filter(|s| s.kind == 2 && s.trace_id == PROVIDER_TRACE)
+        .collect();
+    assert_eq!(server.len(), 1, "one verified server span: {ingest:#?}");
+    assert_eq!(server[0].parent_span_id, PROVIDER_SPAN);
+    assert_eq!(server[0].attr("http.response.status_code"), Some("200"));
+    for child in ["webhook.verify", "record_event"] {
+        assert!(
+            ingest.iter().any(|s| s.name == child
+                && s.trace_id == PROVIDER_TRACE
+                && s.parent_span_id == server[0].span_id),
+            "{child} under the verified server span: {ingest:#?}"
+        );
+    }
+}
+
 /// After a known workload, every counter on both services equals what the test caused.
 #[tokio::test]
 async fn metrics_equal_the_workload() {

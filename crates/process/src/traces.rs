@@ -11,7 +11,9 @@
 //!
 //! The W3C trace context crosses the database: the ingest stores its server
 //! span's `traceparent` on every outbox row, and each relay attempt continues
-//! it, so retries hours later land in the same trace.
+//! it, so retries hours later land in the same trace. The ingest continues a
+//! received `traceparent` only once the delivery's signature is verified: an
+//! unauthenticated header picks neither our trace nor our sampling.
 
 use std::collections::HashMap;
 

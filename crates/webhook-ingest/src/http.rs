@@ -42,9 +42,10 @@ pub struct AppState {
 pub async fn receive(req: HttpRequest, body: web::Payload, state: web::Data<AppState>) -> HttpResponse {
     let started = Instant::now();
     let deadline = tokio::time::Instant::from_std(started) + state.deadline;
-    // HTTP server span (OpenTelemetry semantic conventions), continuing the
-    // provider's trace when it sends one.
-    let incoming = req.headers().get("traceparent").and_then(|v| v.to_str().ok());
+    // HTTP server span (OpenTelemetry semantic conventions). It is not
+    // started (entered, or given children) until the delivery is verified:
+    // only then may it continue the provider's trace (see [`process`]);
+    // every other request is a root of its own trace.
     let span = tracing::info_span!(
         "POST /webhooks/payments",
         otel.kind = "server",
@@ -59,17 +60,13 @@ pub async fn receive(req: HttpRequest, body: web::Payload, state: web::Data<AppS
         webhook.event_type = Empty,
         webhook.outcome = Empty,
     );
-    if incoming.is_some() {
-        let _ = span.set_parent(process::traces::context_from_traceparent(incoming));
-    }
-    let trace_context = process::traces::traceparent_for(&span, incoming);
+    // Shed load before doing any work: a full house answers at once.
+    let permit = state.in_flight.clone().try_acquire_owned();
+    let result = match permit {
+        Ok(_permit) => process(&req, body, &state, deadline, &span).await,
+        Err(_) => Err(IngestError::Overloaded),
+    };
     async move {
-        // Shed load before doing any work: a full house answers at once.
-        let permit = state.in_flight.clone().try_acquire_owned();
-        let result = match permit {
-            Ok(_permit) => process(&req, body, &state, deadline, &trace_context).await,
-            Err(_) => Err(IngestError::Overloaded),
-        };
         let (response, outcome) = match result {
             Ok(recorded) => {
                 let outcome = match recorded.delivery {
@@ -114,12 +111,17 @@ fn accepted(recorded: Recorded) -> HttpResponse {
     response.body(recorded.body)
 }
 
+/// Reads and verifies the delivery, then records it in `span`. Until the
+/// signature is verified nothing runs in `span` (so it is not started): a
+/// verified delivery's `traceparent` becomes its parent, and is continued
+/// in the outbox rows; an unverified request's is ignored, and its span
+/// starts a trace of its own when [`receive`] enters it.
 async fn process(
     req: &HttpRequest,
     body: web::Payload,
     state: &AppState,
     deadline: tokio::time::Instant,
-    trace_context: &str,
+    span: &tracing::Span,
 ) -> Result<Recorded, IngestError> {
     let body = timeout_at(deadline, read_body(req, body))
         .await
@@ -128,12 +130,38 @@ async fn process(
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64);
-    tracing::info_span!("webhook.verify", scheme = state.verifier.scheme().as_str()).in_scope(|| {
-        state
-            .verifier
-            .verify(|name| req.headers().get(name).map(|v| v.as_bytes()), &body, now)
-    })?;
+    // Created (timed) now, placed under the server span once that has its parent.
+    let verify_span =
+        tracing::info_span!(parent: None, "webhook.verify", scheme = state.verifier.scheme().as_str());
+    let verified = state
+        .verifier
+        .verify(|name| req.headers().get(name).map(|v| v.as_bytes()), &body, now);
+    // Only a signed delivery may pick the trace (and the sampled flag) of our
+    // spans, and have its context stored and forwarded.
+    let incoming = if verified.is_ok() {
+        req.headers().get("traceparent").and_then(|v| v.to_str().ok())
+    } else {
+        None
+    };
+    if incoming.is_some() {
+        let _ = span.set_parent(process::traces::context_from_traceparent(incoming));
+    }
+    let _ = verify_span.set_parent(span.context());
+    drop(verify_span);
+    verified?;
+    let trace_context = process::traces::traceparent_for(span, incoming);
+    record(body, state, deadline, &trace_context)
+        .instrument(span.clone())
+        .await
+}
 
+/// Parses the verified `body` and runs the one statement, in the request's span.
+async fn record(
+    body: bytes::Bytes,
+    state: &AppState,
+    deadline: tokio::time::Instant,
+    trace_context: &str,
+) -> Result<Recorded, IngestError> {
     let event = ProviderEvent::parse(&body)?;
     let span = tracing::Span::current();
     span.record("webhook.event_id", event.id.as_str());
