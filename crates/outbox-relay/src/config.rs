@@ -89,7 +89,8 @@ pub enum DeadCommand {
 }
 
 /// Everything `outbox-relay` is configured with. `Debug` is safe to log: the
-/// database URLs print `[redacted]`.
+/// database URLs, the downstream URLs (which may hold a password) and the
+/// downstream credentials print `[redacted]`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Settings {
     // Behind PgBouncer in transaction mode, LISTEN needs
@@ -105,13 +106,25 @@ pub struct Settings {
     #[command(flatten)]
     pub admin: AdminArgs,
 
-    /// Base URL of the fulfilment API (POST {FULFILMENT_URL}/shipments).
-    #[arg(long, env = "FULFILMENT_URL", global = true)]
-    pub fulfilment_url: Option<String>,
+    /// Base URL of the fulfilment API (POST {FULFILMENT_URL}/shipments). A
+    /// user and password in it are sent as HTTP Basic credentials.
+    #[arg(long, env = "FULFILMENT_URL", hide_env_values = true, global = true)]
+    pub fulfilment_url: Option<Secret<String>>,
 
-    /// Base URL of the email API (POST {EMAIL_URL}/emails).
-    #[arg(long, env = "EMAIL_URL", global = true)]
-    pub email_url: Option<String>,
+    /// The fulfilment API's `Authorization` header, sent verbatim on every
+    /// call (`Bearer ...`, `Basic ...`); unset, none is sent.
+    #[arg(long, env = "FULFILMENT_AUTHORIZATION", hide_env_values = true, global = true)]
+    pub fulfilment_authorization: Option<Secret<String>>,
+
+    /// Base URL of the email API (POST {EMAIL_URL}/emails). A user and
+    /// password in it are sent as HTTP Basic credentials.
+    #[arg(long, env = "EMAIL_URL", hide_env_values = true, global = true)]
+    pub email_url: Option<Secret<String>>,
+
+    /// The email API's `Authorization` header, sent verbatim on every call;
+    /// unset, none is sent.
+    #[arg(long, env = "EMAIL_AUTHORIZATION", hide_env_values = true, global = true)]
+    pub email_authorization: Option<Secret<String>>,
 
     /// Rows claimed per claim statement.
     #[arg(long, env = "RELAY_BATCH_SIZE", default_value_t = 50,
@@ -188,8 +201,8 @@ pub struct Settings {
 /// The checked settings the worker runs with.
 #[derive(Debug, Clone)]
 pub struct RelayConfig {
-    pub fulfilment_url: String,
-    pub email_url: String,
+    pub fulfilment: Downstream,
+    pub email: Downstream,
     pub batch_size: u32,
     pub concurrency: u32,
     pub lease: Duration,
@@ -222,8 +235,16 @@ impl Settings {
 
     /// Everything the worker needs, checked together.
     pub fn relay(&self) -> Result<RelayConfig, String> {
-        let fulfilment_url = base_url(self.fulfilment_url.as_deref(), "FULFILMENT_URL")?;
-        let email_url = base_url(self.email_url.as_deref(), "EMAIL_URL")?;
+        let fulfilment = Downstream::new(
+            self.fulfilment_url.as_ref(),
+            self.fulfilment_authorization.as_ref(),
+            "FULFILMENT",
+        )?;
+        let email = Downstream::new(
+            self.email_url.as_ref(),
+            self.email_authorization.as_ref(),
+            "EMAIL",
+        )?;
         if self.relay_lease_secs * 1000 <= self.relay_http_timeout_ms {
             return Err(format!(
                 "RELAY_LEASE_SECS ({} s) must be longer than RELAY_HTTP_TIMEOUT_MS ({} ms): \
@@ -243,8 +264,8 @@ impl Settings {
             rand::random::<u32>() & 0xff_ffff
         );
         Ok(RelayConfig {
-            fulfilment_url,
-            email_url,
+            fulfilment,
+            email,
             batch_size: self.relay_batch_size,
             concurrency: self.relay_concurrency,
             lease: Duration::from_secs(self.relay_lease_secs),
@@ -262,13 +283,94 @@ impl Settings {
     }
 }
 
-fn base_url(value: Option<&str>, variable: &str) -> Result<String, String> {
-    let url = value.ok_or_else(|| format!("{variable} is required (the API's base URL, http(s)://...)"))?;
-    let parsed = reqwest::Url::parse(url).map_err(|e| format!("{variable} is not a URL: {e}"))?;
-    if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {
-        return Err(format!("{variable} must be an http(s) URL with a host"));
+/// One downstream API: its base URL, without a user or password, and the
+/// `Authorization` header its calls carry. `Debug` shows no credential.
+#[derive(Debug, Clone)]
+pub struct Downstream {
+    /// `http(s)://host[:port][/path]`: no user or password, query or fragment.
+    pub base_url: reqwest::Url,
+    /// `{PREFIX}_AUTHORIZATION`, or HTTP Basic from the URL's user and password.
+    pub authorization: Option<Secret<String>>,
+}
+
+impl Downstream {
+    /// From `{prefix}_URL` and `{prefix}_AUTHORIZATION`. No error message
+    /// quotes either value: the URL may hold a password.
+    fn new(
+        url: Option<&Secret<String>>,
+        authorization: Option<&Secret<String>>,
+        prefix: &str,
+    ) -> Result<Self, String> {
+        let variable = format!("{prefix}_URL");
+        let url = url
+            .map(Secret::expose)
+            .filter(|u| !u.is_empty())
+            .ok_or_else(|| format!("{variable} is required (the API's base URL, http(s)://...)"))?;
+        let mut parsed = reqwest::Url::parse(url).map_err(|e| format!("{variable} is not a URL: {e}"))?;
+        if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {
+            return Err(format!("{variable} must be an http(s) URL with a host"));
+        }
+        if parsed.query().is_some() || parsed.fragment().is_some() {
+            return Err(format!("{variable} must not have a query or a fragment"));
+        }
+        let from_url = (!parsed.username().is_empty() || parsed.password().is_some()).then(|| {
+            let user = percent_decode(parsed.username());
+            let password = parsed.password().map(percent_decode).unwrap_or_default();
+            let _ = parsed.set_username("");
+            let _ = parsed.set_password(None);
+            basic(&user, &password)
+        });
+        let authorization = match (authorization.filter(|a| !a.expose().is_empty()), from_url) {
+            (Some(_), Some(_)) => {
+                return Err(format!(
+                    "{variable} has a user and password and {prefix}_AUTHORIZATION is set: use one"
+                ));
+            }
+            (Some(given), None) => {
+                if reqwest::header::HeaderValue::from_str(given.expose()).is_err() {
+                    return Err(format!(
+                        "{prefix}_AUTHORIZATION is not a valid header value (visible ASCII, no line breaks)"
+                    ));
+                }
+                Some(given.clone())
+            }
+            (None, from_url) => from_url,
+        };
+        Ok(Self {
+            base_url: parsed,
+            authorization,
+        })
     }
-    Ok(url.trim_end_matches('/').to_owned())
+}
+
+/// `Basic base64(user:password)`, as RFC 7617 (and reqwest for a URL's userinfo) has it.
+fn basic(user: &str, password: &str) -> Secret<String> {
+    use base64::Engine as _;
+    let token = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+    Secret::new(format!("Basic {token}"))
+}
+
+/// A URL's percent-encoded user or password, decoded (invalid escapes kept as they are).
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        if bytes[i] == b'%'
+            && let (Some(hi), Some(lo)) = (
+                bytes.get(i + 1).copied().and_then(hex),
+                bytes.get(i + 2).copied().and_then(hex),
+            )
+        {
+            out.push((hi * 16 + lo) as u8);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn host_name() -> String {
@@ -298,9 +400,11 @@ mod tests {
             "--relay-listen-database-url",
             &listen_url,
             "--fulfilment-url",
-            "http://fulfilment",
+            "http://fulfilment/v1/",
+            "--fulfilment-authorization",
+            "Bearer t0ken-of-fulfilment",
             "--email-url",
-            "http://email",
+            "http://ops:s3cret-in-the-url@email",
         ])
         .unwrap();
         for shown in [
@@ -313,7 +417,30 @@ mod tests {
                 !shown.contains(listen_password),
                 "the LISTEN password leaked: {shown}"
             );
+            for credential in ["s3cret-in-the-url", "t0ken-of-fulfilment"] {
+                assert!(!shown.contains(credential), "{credential} leaked: {shown}");
+            }
         }
+        let relay = cli.settings.relay().unwrap();
+        let shown = format!("{relay:?}");
+        for credential in [
+            "s3cret-in-the-url",
+            "t0ken-of-fulfilment",
+            "b3BzOnMzY3JldC1pbi10aGUtdXJs",
+        ] {
+            assert!(!shown.contains(credential), "{credential} leaked: {shown}");
+        }
+        // Sent verbatim; a URL's user and password become HTTP Basic and
+        // leave the URL.
+        assert_eq!(
+            relay.fulfilment.authorization.as_ref().unwrap().expose(),
+            "Bearer t0ken-of-fulfilment"
+        );
+        assert_eq!(relay.email.base_url.as_str(), "http://email/");
+        assert_eq!(
+            relay.email.authorization.as_ref().unwrap().expose(),
+            "Basic b3BzOnMzY3JldC1pbi10aGUtdXJs"
+        );
         // Still usable by the code that needs them.
         assert_eq!(
             cli.settings.database().unwrap().describe(),
@@ -321,7 +448,49 @@ mod tests {
         );
         let listen = cli.settings.listen_database().unwrap().unwrap();
         assert_eq!(listen.describe(), "db:5432/payments");
-        assert!(cli.settings.relay().is_ok());
+    }
+
+    #[test]
+    fn downstream_credentials_are_checked_without_being_shown() {
+        let relay = |url: &str, authorization: Option<&str>| {
+            let mut args = vec!["outbox-relay", "--fulfilment-url", url, "--email-url", "http://e"];
+            if let Some(a) = authorization {
+                args.extend(["--fulfilment-authorization", a]);
+            }
+            Cli::try_parse_from(args).unwrap().settings.relay()
+        };
+        // Percent-encoded userinfo is decoded, as reqwest does: `a b:p@ss`.
+        let ok = relay("https://a%20b:p%40ss@f.example:8443/api", None).unwrap();
+        assert_eq!(ok.fulfilment.base_url.as_str(), "https://f.example:8443/api");
+        assert_eq!(
+            ok.fulfilment.authorization.unwrap().expose(),
+            "Basic YSBiOnBAc3M="
+        );
+        assert!(
+            relay("http://f", None)
+                .unwrap()
+                .fulfilment
+                .authorization
+                .is_none()
+        );
+        for (url, authorization, names) in [
+            (
+                "http://ops:s3cret@f",
+                Some("Bearer s3cret-too"),
+                "FULFILMENT_AUTHORIZATION",
+            ),
+            (
+                "http://f",
+                Some("Bearer s3cret\nX-Injected: 1"),
+                "FULFILMENT_AUTHORIZATION",
+            ),
+            ("ftp://ops:s3cret@f", None, "FULFILMENT_URL"),
+            ("http://ops:s3cret@f?x=1", None, "FULFILMENT_URL"),
+        ] {
+            let error = relay(url, authorization).unwrap_err();
+            assert!(error.contains(names), "{error}");
+            assert!(!error.contains("s3cret"), "{error}");
+        }
     }
 
     #[test]

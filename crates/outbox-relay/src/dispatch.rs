@@ -21,32 +21,61 @@ use std::time::{Duration, SystemTime};
 
 use domain::{Command, CommandKind, Endpoint};
 use reqwest::StatusCode;
+use reqwest::header::{AUTHORIZATION, HeaderValue};
 use tracing::Instrument as _;
 use tracing::field::Empty;
 
+use crate::config::Downstream;
 use crate::storage::{ClaimedRow, RowKind};
 
-/// Where the commands go: the full URLs, parsed once.
+/// Where the commands go: the full URLs (no user or password in them), and
+/// each endpoint's `Authorization` header, marked sensitive.
 #[derive(Debug, Clone)]
 pub struct Endpoints {
-    shipments: reqwest::Url,
-    emails: reqwest::Url,
+    shipments: Target,
+    emails: Target,
+}
+
+/// One endpoint: its URL and the `Authorization` its calls carry.
+#[derive(Debug, Clone)]
+struct Target {
+    url: reqwest::Url,
+    authorization: Option<HeaderValue>,
+}
+
+impl Target {
+    fn new(downstream: &Downstream, path: &str, variable: &str) -> Result<Self, String> {
+        // No URL in the message: a bad base never gets this far (the
+        // configuration checks it), and one could hold a password.
+        let base = downstream.base_url.as_str().trim_end_matches('/');
+        let url = reqwest::Url::parse(&format!("{base}{path}"))
+            .map_err(|e| format!("{variable}_URL with {path}: {e}"))?;
+        let authorization = downstream
+            .authorization
+            .as_ref()
+            .map(|value| {
+                let mut header = HeaderValue::from_str(value.expose())
+                    .map_err(|_| format!("{variable}_AUTHORIZATION is not a valid header value"))?;
+                // Never shown by `Debug` (of a request, a header map).
+                header.set_sensitive(true);
+                Ok::<_, String>(header)
+            })
+            .transpose()?;
+        Ok(Self { url, authorization })
+    }
 }
 
 impl Endpoints {
-    /// From the base URLs (`FULFILMENT_URL`, `EMAIL_URL`).
-    pub fn new(fulfilment: &str, email: &str) -> Result<Self, String> {
-        let join = |base: &str, path: &str| {
-            reqwest::Url::parse(&format!("{}{path}", base.trim_end_matches('/')))
-                .map_err(|e| format!("{base}: {e}"))
-        };
+    /// From the configured downstreams (`FULFILMENT_URL` and
+    /// `FULFILMENT_AUTHORIZATION`, `EMAIL_URL` and `EMAIL_AUTHORIZATION`).
+    pub fn new(fulfilment: &Downstream, email: &Downstream) -> Result<Self, String> {
         Ok(Self {
-            shipments: join(fulfilment, CommandKind::ShipOrder.path())?,
-            emails: join(email, CommandKind::SendConfirmation.path())?,
+            shipments: Target::new(fulfilment, CommandKind::ShipOrder.path(), "FULFILMENT")?,
+            emails: Target::new(email, CommandKind::SendConfirmation.path(), "EMAIL")?,
         })
     }
 
-    fn url(&self, kind: CommandKind) -> &reqwest::Url {
+    fn target(&self, kind: CommandKind) -> &Target {
         match kind.endpoint() {
             Endpoint::Fulfilment => &self.shipments,
             Endpoint::Email => &self.emails,
@@ -98,6 +127,8 @@ impl CallResult {
 pub struct Prepared {
     pub command: Command,
     pub url: reqwest::Url,
+    /// The endpoint's `Authorization`, sensitive (`Debug` shows `Sensitive`).
+    pub authorization: Option<HeaderValue>,
     pub body: Vec<u8>,
 }
 
@@ -123,8 +154,10 @@ pub fn prepare(row: &ClaimedRow, endpoints: &Endpoints) -> Result<Prepared, Call
             }
         }
     })?;
+    let target = endpoints.target(command.kind);
     Ok(Prepared {
-        url: endpoints.url(command.kind).clone(),
+        url: target.url.clone(),
+        authorization: target.authorization.clone(),
         body: command.request_body(),
         command,
     })
@@ -152,11 +185,15 @@ pub async fn call(
         error.type = Empty,
     );
     let traceparent = process::traces::traceparent_for(&span, parent);
-    let result = http
+    let mut request = http
         .post(url.clone())
         .header("Idempotency-Key", key)
         .header("Content-Type", "application/json")
-        .header("traceparent", traceparent)
+        .header("traceparent", traceparent);
+    if let Some(authorization) = &prepared.authorization {
+        request = request.header(AUTHORIZATION, authorization.clone());
+    }
+    let result = request
         .body(prepared.body.clone())
         .send()
         .instrument(span.clone())
@@ -169,9 +206,11 @@ pub async fn call(
                 span.record("otel.status_code", "ERROR");
                 span.record("error.type", status.as_u16().to_string());
             }
-            classify(response).await
+            classify(response, prepared.authorization.as_ref()).await
         }
         Err(e) => {
+            // No URL in what is logged and stored: the error's text is enough.
+            let e = e.without_url();
             span.record("otel.status_code", "ERROR");
             span.record(
                 "error.type",
@@ -188,10 +227,10 @@ pub async fn call(
     }
 }
 
-/// The URL as a span may show it: a username or password in it (allowed in
-/// `FULFILMENT_URL` / `EMAIL_URL`) becomes `REDACTED`, as the semantic
-/// conventions for `url.full` ask. reqwest itself moves them into an
-/// `Authorization` header and out of the URL its errors name.
+/// The URL as a span may show it: a username or password in it becomes
+/// `REDACTED`, as the semantic conventions for `url.full` ask. The
+/// configuration already moves them out of the URL (into the endpoint's
+/// `Authorization`); this is the last guard.
 fn redacted(url: &reqwest::Url) -> std::borrow::Cow<'_, reqwest::Url> {
     if url.username().is_empty() && url.password().is_none() {
         return std::borrow::Cow::Borrowed(url);
@@ -202,7 +241,9 @@ fn redacted(url: &reqwest::Url) -> std::borrow::Cow<'_, reqwest::Url> {
     std::borrow::Cow::Owned(shown)
 }
 
-async fn classify(response: reqwest::Response) -> CallResult {
+/// `authorization` is the one the call carried: a downstream that echoes it
+/// in its error body does not get it into `last_error` or a log line.
+async fn classify(response: reqwest::Response, authorization: Option<&HeaderValue>) -> CallResult {
     let status = response.status();
     let http_status = Some(status.as_u16());
     if status.is_success() {
@@ -216,10 +257,9 @@ async fn classify(response: reqwest::Response) -> CallResult {
         .and_then(|v| v.to_str().ok())
         .and_then(parse_retry_after);
     // A short excerpt of the body helps whoever reads `dead list`.
-    let excerpt: String = response
-        .text()
-        .await
-        .unwrap_or_default()
+    // Scrubbed before it is cut, so no part of a credential survives the cut.
+    let body = scrub(&response.text().await.unwrap_or_default(), authorization);
+    let excerpt: String = body
         .chars()
         .take(200)
         .collect::<String>()
@@ -234,6 +274,22 @@ async fn classify(response: reqwest::Response) -> CallResult {
     } else {
         CallResult::Permanent { http_status, error }
     }
+}
+
+/// `text` without the credential: the whole header value, and its token
+/// (what follows the scheme, `Bearer` or `Basic`), each become `[redacted]`.
+fn scrub(text: &str, authorization: Option<&HeaderValue>) -> String {
+    let Some(value) = authorization.and_then(|a| a.to_str().ok()) else {
+        return text.to_owned();
+    };
+    let mut text = text.to_owned();
+    let token = value.split_once(' ').map_or(value, |(_, t)| t).trim();
+    for secret in [value.trim(), token] {
+        if !secret.is_empty() {
+            text = text.replace(secret, process::secret::REDACTED);
+        }
+    }
+    text
 }
 
 pub fn is_retryable_status(status: StatusCode) -> bool {
@@ -294,6 +350,18 @@ mod tests {
     }
 
     #[test]
+    fn an_echoed_credential_is_scrubbed() {
+        let mut value = HeaderValue::from_static("Bearer t0ken-123");
+        value.set_sensitive(true);
+        assert_eq!(
+            scrub("bad token t0ken-123 (Bearer t0ken-123)", Some(&value)),
+            "bad token [redacted] ([redacted])"
+        );
+        assert_eq!(scrub("no such order", Some(&value)), "no such order");
+        assert_eq!(scrub("t0ken-123", None), "t0ken-123");
+    }
+
+    #[test]
     fn retry_after_forms() {
         assert_eq!(parse_retry_after("7"), Some(Duration::from_secs(7)));
         assert_eq!(parse_retry_after(" 0 "), Some(Duration::ZERO));
@@ -312,7 +380,15 @@ mod tests {
 
     #[test]
     fn rows_become_requests() {
-        let endpoints = Endpoints::new("http://f.example", "http://e.example/v1/").unwrap();
+        let downstream = |url: &str, authorization: Option<&str>| Downstream {
+            base_url: reqwest::Url::parse(url).unwrap(),
+            authorization: authorization.map(|a| process::Secret::new(a.to_owned())),
+        };
+        let endpoints = Endpoints::new(
+            &downstream("http://f.example", Some("Bearer t0ken")),
+            &downstream("http://e.example/v1/", None),
+        )
+        .unwrap();
         let row = |kind: &str, payload: serde_json::Value| ClaimedRow {
             id: 1,
             kind: RowKind::parse(kind),
@@ -333,6 +409,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(p.url.as_str(), "http://f.example/shipments");
+        let authorization = p.authorization.as_ref().unwrap();
+        assert_eq!(authorization, "Bearer t0ken");
+        assert!(authorization.is_sensitive());
+        assert!(!format!("{p:?}").contains("t0ken"), "{p:?}");
         assert_eq!(p.body, br#"{"order_id":5,"event_id":"evt"}"#);
         let p = prepare(
             &row(
@@ -343,6 +423,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(p.url.as_str(), "http://e.example/v1/emails");
+        assert!(p.authorization.is_none());
         assert!(matches!(
             prepare(&row("teleport", serde_json::json!({"v": 1})), &endpoints),
             Err(CallResult::Permanent {

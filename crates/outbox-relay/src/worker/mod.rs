@@ -100,8 +100,7 @@ impl Relay {
         Ok(Self {
             pool,
             http,
-            endpoints: Endpoints::new(&config.fulfilment_url, &config.email_url)
-                .map_err(anyhow::Error::msg)?,
+            endpoints: Endpoints::new(&config.fulfilment, &config.email).map_err(anyhow::Error::msg)?,
             policy: RetryPolicy {
                 max_attempts: config.max_attempts,
                 base: config.backoff_base,

@@ -8,6 +8,7 @@
 
 mod call_log;
 mod crash;
+mod credentials;
 mod delivery;
 mod fencing;
 mod helpers;
