@@ -1,7 +1,11 @@
 //! The operator's commands: `dead list`, `dead requeue`, `stats`, `prune`, `audit`.
-//! Tables for people, `--json` (one object per line) for scripts.
+//! Tables for people, `--json` (one object per line) for scripts. Text from
+//! the database goes through [`printable`] in the tables (serde escapes it
+//! in the JSON).
 
 use std::io::Write as _;
+
+use process::terminal::printable;
 
 use crate::storage;
 
@@ -26,11 +30,11 @@ pub async fn dead_list(database: &db::Database, json: bool) -> anyhow::Result<()
             out,
             "{:>10} {:<20} {:<24} {:>8} {:>10}  {}",
             r.id,
-            r.kind,
-            r.idempotency_key,
+            printable(&r.kind),
+            printable(&r.idempotency_key),
             r.attempts,
             human_age(r.age_seconds),
-            r.last_error.as_deref().unwrap_or("-")
+            printable(r.last_error.as_deref().unwrap_or("-"))
         )?;
     }
     if rows.is_empty() {
@@ -77,7 +81,13 @@ pub async fn stats(database: &db::Database, json: bool) -> anyhow::Result<()> {
     }
     writeln!(out, "{:<10} {:<20} {:>10}", "STATUS", "KIND", "ROWS")?;
     for s in &stats.by_status_and_kind {
-        writeln!(out, "{:<10} {:<20} {:>10}", s.status, s.kind, s.count)?;
+        writeln!(
+            out,
+            "{:<10} {:<20} {:>10}",
+            printable(&s.status),
+            printable(&s.kind),
+            s.count
+        )?;
     }
     writeln!(out)?;
     writeln!(out, "pending: {} (due now: {})", stats.pending, stats.due)?;
@@ -151,7 +161,7 @@ fn write_audit(out: &mut impl std::io::Write, a: &storage::Audit) -> std::io::Re
     let statuses: Vec<String> = a
         .events_by_status
         .iter()
-        .map(|(s, n)| format!("{s} {n}"))
+        .map(|(s, n)| format!("{} {n}", printable(s)))
         .collect();
     writeln!(out, "  events by status        {}", statuses.join(", "))?;
     writeln!(out)?;
@@ -173,7 +183,7 @@ fn write_audit(out: &mut impl std::io::Write, a: &storage::Audit) -> std::io::Re
         writeln!(
             out,
             "  {:<20} {:>9} {:>10} {:>8} {:>6} {:>10}",
-            kind,
+            printable(kind),
             count(""),
             count("done"),
             count("pending"),

@@ -11,6 +11,8 @@
 //! - [`runtime`]: the tokio runtime, one worker per CPU of the cgroup's quota.
 //! - [`exit`]: the exit codes (0, 1 failure, 2 configuration), in one place.
 //! - [`secret`]: [`Secret`], a value that prints `[redacted]`.
+//! - [`terminal`]: [`terminal::printable`], database text made safe for a
+//!   terminal (control and bidi characters escaped) in the operator tables.
 //! - [`shutdown`]: a cancellation token fed by SIGTERM and Ctrl-C.
 //! - [`logs`]: JSON lines (default) or pretty output, filtered by `RUST_LOG`.
 //! - [`traces`]: OpenTelemetry spans, exported over OTLP when configured; W3C
@@ -27,6 +29,7 @@ pub mod run;
 pub mod runtime;
 pub mod secret;
 pub mod shutdown;
+pub mod terminal;
 pub mod traces;
 
 pub use admin::{AdminServer, Readiness};

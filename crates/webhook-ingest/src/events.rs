@@ -4,6 +4,7 @@
 use std::io::Write as _;
 
 use domain::EventOutcome;
+use process::terminal::printable;
 
 use crate::storage::{self, EventRow};
 
@@ -50,7 +51,12 @@ fn write_table(out: &mut impl std::io::Write, rows: &[EventRow]) -> std::io::Res
         writeln!(
             out,
             "{:<32} {:<20} {:<15} {:<25} {:>10} {:>10}",
-            r.event_id, r.event_type, r.status, at, r.deliveries, order
+            printable(&r.event_id),
+            printable(&r.event_type),
+            r.status,
+            at,
+            r.deliveries,
+            order
         )?;
     }
     if rows.is_empty() {

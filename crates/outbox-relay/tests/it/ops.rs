@@ -333,3 +333,35 @@ async fn the_relay_prunes_on_its_own_and_counts_runs_rows_and_failures() {
     let (code, _) = relay.wait(std::time::Duration::from_secs(20));
     assert_eq!(code, Some(0));
 }
+
+/// Text a downstream or a sender wrote (last_error, keys, event ids) reaches
+/// an operator's terminal escaped: no ESC, CR or bidi override byte.
+#[tokio::test]
+async fn tables_escape_terminal_controls() {
+    let env = env().await;
+    env.seed(1, 2).await;
+    env.client
+        .batch_execute(
+            "UPDATE outbox SET status = 'dead', finished_at = now(),
+                    last_error = E'HTTP 500 \\x1b[2J\\rowned \\u202e', idempotency_key = E'k\\x1b]0;x\\x07' || id
+              WHERE order_id = 1;
+             INSERT INTO processed_events (event_id, event_type, status, result)
+             VALUES (E'evt_\\x1b[2J', E'payment.\\x1b[31m', 'processed', '{}');",
+        )
+        .await
+        .unwrap();
+    for args in [&["dead", "list"][..], &["stats"], &["audit", "--since", "1h"]] {
+        let (ok, out, err) = relay_cli(&env.relay_url, args);
+        assert!(ok, "{args:?}: {err}");
+        assert!(
+            !out.contains(['\x1b', '\r', '\x07', '\u{202e}']),
+            "{args:?} printed a control character: {out:?}"
+        );
+    }
+    let (_, out, _) = relay_cli(&env.relay_url, &["dead", "list"]);
+    assert!(out.contains("HTTP 500 \\u{1b}[2J\\u{d}owned \\u{202e}"), "{out}");
+    // The JSON keeps the text as it is (serde escapes it).
+    let (_, json, _) = relay_cli(&env.relay_url, &["dead", "list", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(json.lines().next().unwrap()).unwrap();
+    assert_eq!(v["last_error"], "HTTP 500 \x1b[2J\rowned \u{202e}");
+}

@@ -15,3 +15,4 @@ mod outcomes;
 mod roles;
 mod shutdown;
 mod signatures;
+mod terminal;

@@ -1,0 +1,59 @@
+//! Text from the database (event ids and types, `last_error`, kinds, keys)
+//! on its way to an operator's terminal: whoever could write it (a webhook's
+//! sender, a downstream's error body) must not be able to clear the screen,
+//! move the cursor, rewrite earlier lines or reorder what is shown.
+
+use std::borrow::Cow;
+
+/// `s` with every control character (C0, DEL, C1) and every bidirectional
+/// formatting character written as `\u{..}`, and a backslash doubled so the
+/// escape cannot be forged. Text without any is returned as is.
+pub fn printable(s: &str) -> Cow<'_, str> {
+    if !s.chars().any(needs_escape) {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if c == '\\' {
+            out.push_str("\\\\");
+        } else if needs_escape(c) {
+            out.push_str(&format!("\\u{{{:x}}}", u32::from(c)));
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
+}
+
+fn needs_escape(c: char) -> bool {
+    c == '\\'
+        || c.is_control()
+        || matches!(
+            c,
+            '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}'
+        )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::printable;
+
+    #[test]
+    fn plain_text_is_unchanged() {
+        assert_eq!(
+            printable("evt_1 payment_intent.succeeded"),
+            "evt_1 payment_intent.succeeded"
+        );
+        assert!(matches!(printable("évènement"), std::borrow::Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn controls_and_bidi_are_escaped() {
+        assert_eq!(printable("a\x1b[2Jb"), "a\\u{1b}[2Jb");
+        assert_eq!(printable("x\ry\n"), "x\\u{d}y\\u{a}");
+        assert_eq!(printable("\u{9b}31m"), "\\u{9b}31m");
+        assert_eq!(printable("\u{7f}"), "\\u{7f}");
+        assert_eq!(printable("ab\u{202e}cd\u{2066}"), "ab\\u{202e}cd\\u{2066}");
+        assert_eq!(printable("a\\u{1b}\x1b"), "a\\\\u{1b}\\u{1b}");
+    }
+}
