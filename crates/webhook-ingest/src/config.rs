@@ -11,6 +11,10 @@ use clap::{Parser, Subcommand};
 use process::{AdminArgs, DatabaseArgs, LogArgs, Secret};
 use signature::Scheme;
 
+/// The shortest signing key the ingest accepts, in bytes (after base64
+/// decoding of a `whsec_...` secret): a shorter HMAC key can be guessed.
+pub const MIN_SECRET_BYTES: usize = 16;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "webhook-ingest",
@@ -146,16 +150,18 @@ impl Settings {
         self.database.parse_url()
     }
 
-    /// The verifier from `WEBHOOK_SIGNATURE_SCHEME` and `WEBHOOK_SECRETS`.
+    /// The verifier from `WEBHOOK_SIGNATURE_SCHEME` and `WEBHOOK_SECRETS`;
+    /// every secret's key at least [`MIN_SECRET_BYTES`] long.
     pub fn verifier(&self) -> Result<signature::Verifier, String> {
         let secrets = self
             .webhook_secrets
             .as_ref()
             .ok_or("WEBHOOK_SECRETS is required (comma-separated signing secrets)")?;
-        signature::Verifier::new(
+        signature::Verifier::with_min_key_bytes(
             self.webhook_signature_scheme.into(),
             secrets.expose(),
             self.webhook_tolerance_secs,
+            MIN_SECRET_BYTES,
         )
         .map_err(|e| format!("WEBHOOK_SECRETS: {e}"))
     }

@@ -132,3 +132,54 @@ fn a_failure_at_run_time_exits_1_with_one_line() {
     assert!(stderr.contains("ADMIN_LISTEN_ADDR"), "{stderr}");
     assert!(!stderr.contains("MfKQ9r8G"), "a secret leaked: {stderr}");
 }
+
+/// A signing key shorter than 16 bytes (after base64 decoding of `whsec_`)
+/// is refused at start-up: exit 2, one line naming `WEBHOOK_SECRETS`, the
+/// key not shown. Before, the process started serving with it.
+#[test]
+fn short_signing_keys_are_refused() {
+    let fifteen = "whsec_MDEyMzQ1Njc4OWFiY2Rl"; // "0123456789abcde"
+    let cases: &[&[(&str, &str)]] = &[
+        &[DB, ("WEBHOOK_SECRETS", "whsec_QQ==")],
+        &[DB, ("WEBHOOK_SECRETS", fifteen)],
+        &[DB, ("WEBHOOK_SECRETS", &format!("{},{fifteen}", SECRETS.1))],
+        &[
+            DB,
+            ("WEBHOOK_SIGNATURE_SCHEME", "stripe"),
+            ("WEBHOOK_SECRETS", "sk_shortkey"),
+        ],
+    ];
+    for env in cases {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_webhook-ingest"));
+        cmd.env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("ADMIN_LISTEN_ADDR", "127.0.0.1:0")
+            .env("INGEST_LISTEN_ADDR", "127.0.0.1:0")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
+        for (k, v) in *env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while child.try_wait().unwrap().is_none() {
+            if std::time::Instant::now() > deadline {
+                child.kill().unwrap();
+                child.wait().unwrap();
+                panic!("{env:?}: still running with a short key after 10 s");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        assert_eq!(out.status.code(), Some(2), "{env:?}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr:?}");
+        assert!(
+            stderr.contains("WEBHOOK_SECRETS") && stderr.contains("16"),
+            "{stderr}"
+        );
+        for secret in ["QQ==", "MDEyMzQ1", "sk_shortkey", "MfKQ9r8G"] {
+            assert!(!stderr.contains(secret), "a secret leaked: {stderr}");
+        }
+    }
+}
