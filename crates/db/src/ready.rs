@@ -8,16 +8,46 @@ use tokio_postgres::types::Type;
 
 use crate::sql::{Column, Sql, col};
 
+/// What `/readyz` answers when the database cannot be reached or queried:
+/// fixed, so no host, port, role or server message reaches whoever can read
+/// the admin port. The detail goes to the log.
+pub const UNAVAILABLE: &str = "database unavailable";
+
+/// Why the database is not ready: what the client is told, and the detail
+/// that only the log gets.
+struct NotReady {
+    public: String,
+    detail: String,
+}
+
 /// Ok when a pooled connection answers within 2 s and the schema is current.
+/// Else a short reason for the client: [`UNAVAILABLE`], or the schema's
+/// state (not migrated, behind); the error's detail is logged (warn).
 pub async fn check(pool: &Pool) -> Result<(), String> {
+    probe(pool).await.map_err(|e| {
+        if e.detail != e.public {
+            tracing::warn!(detail = %e.detail, "not ready: {}", e.public);
+        }
+        e.public
+    })
+}
+
+async fn probe(pool: &Pool) -> Result<(), NotReady> {
+    let unavailable = |detail: String| NotReady {
+        public: UNAVAILABLE.to_owned(),
+        detail,
+    };
     let client = tokio::time::timeout(Duration::from_secs(2), pool.get())
         .await
-        .map_err(|_| "database: no connection within 2s".to_owned())?
-        .map_err(|e| format!("database unreachable: {e}"))?;
+        .map_err(|_| unavailable("no connection within 2s".to_owned()))?
+        .map_err(|e| unavailable(format!("database unreachable: {e}")))?;
     match crate::schema_status(&client).await {
         Ok(crate::SchemaStatus::Current) => Ok(()),
-        Ok(status) => Err(status.to_string()),
-        Err(e) => Err(format!("database: {e}")),
+        Ok(status) => Err(NotReady {
+            public: status.to_string(),
+            detail: status.to_string(),
+        }),
+        Err(e) => Err(unavailable(format!("schema check: {e}"))),
     }
 }
 
@@ -38,7 +68,7 @@ pub(crate) const ROLE_SETTINGS: Sql = Sql::new(
 pub async fn announce(pool: Pool) {
     let mut complained = false;
     loop {
-        match check(&pool).await {
+        match probe(&pool).await {
             Ok(()) => {
                 if complained {
                     tracing::info!("database ready: schema current");
@@ -48,8 +78,8 @@ pub async fn announce(pool: Pool) {
                 }
                 return;
             }
-            Err(reason) if !complained => {
-                tracing::warn!("not ready: {reason}; /readyz answers 503 until it is");
+            Err(NotReady { detail, .. }) if !complained => {
+                tracing::warn!("not ready: {detail}; /readyz answers 503 until it is");
                 complained = true;
             }
             Err(_) => {}

@@ -193,3 +193,18 @@ async fn beyond_the_in_flight_limit_requests_are_shed_at_once() {
     let retried = app.post(&event("evt_shed", "payment.succeeded", "pay_2")).await;
     assert_eq!(retried.status(), 200, "its retry goes through");
 }
+
+/// With the database unreachable, `/readyz` says so in fixed words: no
+/// host, port or server message reaches whoever reads the admin port.
+#[tokio::test]
+async fn readyz_with_the_database_down_names_no_detail() {
+    let cluster = PrivateCluster::start().expect("a private cluster");
+    let url = cluster.migrated_database("readyz").await.unwrap();
+    let app = spawn_app_on(&url, &[]).await;
+    assert_eq!(app.readyz().await.0, 200);
+    cluster.stop().unwrap();
+    let (status, body) = app.readyz().await;
+    assert_eq!(status, 503);
+    assert_eq!(body, "not ready: database unavailable\n");
+    cluster.resume().unwrap();
+}
