@@ -8,7 +8,7 @@ import os
 import time
 import traceback
 
-from . import e2e, growth, ingest, peer, prepare, prune, relay, relay_log, tracing
+from . import backlog, e2e, growth, ingest, peer, prepare, prune, relay, relay_log, tracing
 from .config import CONCURRENCIES, CFG, LOGS, ONLY, BenchError, log
 from .db import Db, Product, Reference
 from .services import Service, Services
@@ -88,6 +88,7 @@ class Bench:
         self.phase("relay_log", relay_log.run)
         self.phase("prune", prune.run)
         self.phase("growth", growth.run)
+        self.phase("backlog", backlog.run)
 
     def drop_databases(self) -> None:
         """The growth history is gigabytes: the databases go unless BENCH_KEEP=1."""

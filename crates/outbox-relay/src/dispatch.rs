@@ -13,6 +13,9 @@
 //! | any other status | permanent | dead at once: retrying cannot help |
 //! | a transient failure of the `RELAY_MAX_ATTEMPTS`th call | transient | dead, keeping the last error |
 //!
+//! A non-2xx body is read up to [`ERROR_BODY_LIMIT`] bytes and no further
+//! (a 2xx body is not read at all).
+//!
 //! A [`CallResult`] carries the HTTP status it got (none for a timeout, a
 //! connection error, or a row never sent), for the relay's one log line per
 //! call.
@@ -256,9 +259,11 @@ async fn classify(response: reqwest::Response, authorization: Option<&HeaderValu
         .get(reqwest::header::RETRY_AFTER)
         .and_then(|v| v.to_str().ok())
         .and_then(parse_retry_after);
-    // A short excerpt of the body helps whoever reads `dead list`.
+    // A short excerpt of the body helps whoever reads `dead list`. At most
+    // `ERROR_BODY_LIMIT` bytes of it are read; the rest never is (the
+    // connection is dropped), so a huge or endless body costs nothing.
     // Scrubbed before it is cut, so no part of a credential survives the cut.
-    let body = scrub(&response.text().await.unwrap_or_default(), authorization);
+    let body = scrub(&read_capped(response, ERROR_BODY_LIMIT).await, authorization);
     let excerpt: String = body
         .chars()
         .take(200)
@@ -274,6 +279,29 @@ async fn classify(response: reqwest::Response, authorization: Option<&HeaderValu
     } else {
         CallResult::Permanent { http_status, error }
     }
+}
+
+/// How much of an error body the relay reads (a `last_error` keeps an
+/// excerpt of it): a downstream answering with a gigabyte, or an endless
+/// stream, does not grow the relay's memory nor hold its call.
+pub const ERROR_BODY_LIMIT: usize = 8 * 1024;
+
+/// The body's first `limit` bytes (fewer if it ends or fails first), as text;
+/// what follows is not read. Dropping the response mid-body closes its
+/// connection rather than draining it.
+async fn read_capped(mut response: reqwest::Response, limit: usize) -> String {
+    let mut kept = Vec::new();
+    while kept.len() < limit {
+        match response.chunk().await {
+            Ok(Some(chunk)) => {
+                let room = limit - kept.len();
+                kept.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            }
+            Ok(None) | Err(_) => break,
+        }
+    }
+    drop(response);
+    String::from_utf8_lossy(&kept).into_owned()
 }
 
 /// `text` without the credential: the whole header value, and its token

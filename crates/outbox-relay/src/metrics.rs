@@ -91,12 +91,12 @@ impl RelayMetrics {
         );
         registry.register(
             "outbox_pending",
-            "Rows pending (due, leased or waiting to retry)",
+            "Rows pending (due, leased or waiting to retry), counted up to 100000",
             metrics.pending.clone(),
         );
         registry.register(
             "outbox_oldest_pending_age_seconds",
-            "Age of the oldest pending row, 0 when none",
+            "Age of the pending row next in line (the earliest due), 0 when none",
             metrics.oldest_pending_age.clone(),
         );
         registry.register(

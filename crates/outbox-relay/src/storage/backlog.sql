@@ -1,8 +1,22 @@
--- The backlog gauges: rows pending, the oldest pending row's age (0 when
--- none), rows dead, and rows due now (pending, due, not leased). Served by the
--- partial indexes: cheap at any size of history. No parameters.
-SELECT count(*) AS pending,
-       coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS oldest_pending_age_seconds,
+-- The backlog gauges, each read from a partial index and bounded, whatever
+-- the backlog: rows pending and rows due now (pending, due, not leased) are
+-- counted up to 100000 (a larger backlog reads 100000); the age is that of
+-- the pending row next in line (earliest due, the first entry of the due
+-- index), 0 when none; rows dead are few. No parameters.
+WITH pending AS (
+  SELECT 1 FROM outbox WHERE status = 'pending'
+   ORDER BY available_at, id LIMIT 100000
+), due AS (
+  SELECT 1 FROM outbox
+   WHERE status = 'pending' AND available_at <= now()
+     AND (leased_until IS NULL OR leased_until <= now())
+   ORDER BY available_at, id LIMIT 100000
+), next_in_line AS (
+  SELECT created_at FROM outbox WHERE status = 'pending'
+   ORDER BY available_at, id LIMIT 1
+)
+SELECT (SELECT count(*) FROM pending) AS pending,
+       coalesce((SELECT extract(epoch FROM now() - created_at) FROM next_in_line), 0)::float8
+         AS oldest_pending_age_seconds,
        (SELECT count(*) FROM outbox WHERE status = 'dead') AS dead,
-       count(*) FILTER (WHERE available_at <= now() AND (leased_until IS NULL OR leased_until <= now())) AS due
-  FROM outbox WHERE status = 'pending'
+       (SELECT count(*) FROM due) AS due

@@ -15,6 +15,7 @@ mod helpers;
 mod network;
 mod notify;
 mod ops;
+mod oversized;
 mod refunds;
 mod retries;
 mod roles;
