@@ -21,6 +21,7 @@ installed, the controllers) is out of reach.
 - validate.py: the schemas and promtool.
 - binaries.py: what our binaries accept, from `--help`.
 - against_code.py: the checks against the code.
+- egress.py: the NetworkPolicies' egress to 5432 and 443, per overlay.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ try:
     import kubernetes_validate
 
     from . import against_code as code
+    from . import egress
     from .binaries import OURS, Binaries
     from .render import ROOT, RenderError, examples, kubectl_version, render_all
     from .validate import K8S_VERSION, crd_sources, ident, promtool_version, rules_problems, schema_problems
@@ -122,6 +124,8 @@ def main() -> int:
             report.check(f"[{r.label}] ports, probes and scrapes match the admin server", code.check_ports_and_probes(objs, ours))
             report.check(f"[{r.label}] grace periods cover the shutdown budgets", code.check_grace(objs, ours))
             report.check(f"[{r.label}] the migration runs the deployed release; no Secret rendered", code.check_release(objs, ours))
+        if any(o.get("kind") == "NetworkPolicy" for o in objs):
+            report.check(f"[{r.label}] NetworkPolicies reach 5432 and 443 only at the overlay's configured ranges", egress.check_egress(objs))
         if any(o.get("kind") == "ScaledObject" for o in objs):
             report.check(f"[{r.label}] KEDA query = crates/outbox-relay/sql/count_due.sql", code.check_keda_query(objs))
         if any(o.get("kind") == "PrometheusRule" for o in objs):

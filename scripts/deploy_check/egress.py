@@ -1,0 +1,71 @@
+"""The NetworkPolicies' egress to PostgreSQL (5432) and HTTPS (443).
+
+Each overlay sets where the services may reach the database and the HTTPS
+APIs, as variables (its `network-egress` ConfigMap, copied into the policies
+by `replacements`). The base policies carry placeholders, not addresses, so a
+rendered policy is correct only with the overlay's values in place. A rule
+that reaches 5432 or 443 fails the check when it
+- has no `to` (any address, every namespace),
+- lists a namespace or pod selector instead of the configured range,
+- has an ipBlock whose cidr is not an address range (a placeholder the
+  overlay did not replace), or
+- has an ipBlock of the whole address space (0.0.0.0/0, ::/0), or one that
+  holds the cloud metadata endpoint (169.254.169.254).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+GUARDED = {5432: "PostgreSQL", 443: "HTTPS"}
+METADATA = ipaddress.ip_network("169.254.169.254/32")
+
+
+def _ports(rule: dict) -> set[int]:
+    """The guarded ports a rule opens: all of them when it lists no port (a
+    named port cannot be resolved offline and does not name these two)."""
+    ports = rule.get("ports") or []
+    if not ports:
+        return set(GUARDED)
+    out = set()
+    for p in ports:
+        port, end = p.get("port"), p.get("endPort")
+        if port is None:
+            return set(GUARDED)
+        if isinstance(port, int):
+            out |= {g for g in GUARDED if port <= g <= (end or port)}
+    return out
+
+
+def check_egress(objs: list[dict]) -> list[str]:
+    problems = []
+    for obj in objs:
+        if obj.get("kind") != "NetworkPolicy":
+            continue
+        name = f"NetworkPolicy {obj.get('metadata', {}).get('name')}"
+        for i, rule in enumerate(obj.get("spec", {}).get("egress") or []):
+            guarded = _ports(rule)
+            if not guarded:
+                continue
+            what = " and ".join(f"{GUARDED[p]} ({p})" for p in sorted(guarded))
+            where = f"{name}: egress[{i}] to {what}"
+            to = rule.get("to") or []
+            if not to:
+                problems.append(f"{where} allows any address: set the overlay's network-egress variable")
+                continue
+            for peer in to:
+                block = peer.get("ipBlock")
+                if block is None:
+                    problems.append(f"{where} has a selector, not the overlay's configured range")
+                    continue
+                cidr = str(block.get("cidr", ""))
+                try:
+                    net = ipaddress.ip_network(cidr, strict=False)
+                except ValueError:
+                    problems.append(f"{where}: cidr {cidr!r} is not an address range (the overlay's variable is not set)")
+                    continue
+                if net.prefixlen == 0:
+                    problems.append(f"{where} allows {cidr} (the whole address space): narrow it in the overlay's network-egress")
+                elif net.version == 4 and net.overlaps(METADATA):
+                    problems.append(f"{where}: {cidr} holds the cloud metadata endpoint 169.254.169.254")
+    return problems
