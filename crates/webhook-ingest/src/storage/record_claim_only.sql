@@ -6,7 +6,7 @@
 --   $3  its outcome (the status recorded)
 --   $4  the event as delivered (stored as jsonb)
 --   $5  W3C traceparent of the request
-INSERT INTO processed_events AS pe (event_id, event_type, status, result, payload, trace_context)
+INSERT INTO public.processed_events AS pe (event_id, event_type, status, result, payload, trace_context)
 VALUES ($1, $2, $3, jsonb_build_object('event_id', $1::text, 'status', $3::text), $4::text::jsonb, $5)
 ON CONFLICT (event_id) DO UPDATE
     SET deliveries = pe.deliveries + 1, last_delivered_at = now()

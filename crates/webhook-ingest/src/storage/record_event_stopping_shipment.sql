@@ -23,12 +23,28 @@ WITH params AS NOT MATERIALIZED (
            -- The shipment's command kind and idempotency key prefix.
            $8::text AS shipment_kind,
            $9::text AS shipment_key_prefix
+), replayed AS (
+    -- A later delivery of an id already claimed: it counts, and returns the
+    -- stored result to replay. It never looks at the order, let alone locks
+    -- it, so a redelivery storm for an order someone holds locked is
+    -- answered at once and ties up no connection. An id whose row a
+    -- concurrent prune removes updates nothing here, and is processed as new
+    -- (a resend after retention).
+    UPDATE public.processed_events AS pe
+    SET deliveries = pe.deliveries + 1, last_delivered_at = now()
+    FROM params
+    WHERE pe.event_id = params.event_id
+    RETURNING pe.result::text AS body, pe.status
 ), order_locked AS (
-    -- The event's order, if any, locked: concurrent events for one order
-    -- serialise here, so each sees the state the previous one left.
+    -- The event's order, if any, locked, unless this is a later delivery:
+    -- concurrent events for one order serialise here, so each sees the state
+    -- the previous one left. A lock held for long is not waited out on this
+    -- connection: the session's `lock_timeout` ends the statement, and the
+    -- ingest tries again without holding a connection (http.rs).
     SELECT orders.id, orders.status
-    FROM orders, params
+    FROM public.orders AS orders, params
     WHERE orders.payment_id = params.payment_id
+      AND NOT EXISTS (SELECT FROM replayed)
     FOR UPDATE OF orders
 ), decision AS (
     -- Exactly one row, with or without an order: the plan's entry for the
@@ -38,9 +54,10 @@ WITH params AS NOT MATERIALIZED (
     FROM params LEFT JOIN order_locked ON true
 ), claim AS (
     -- The event id claimed by inserting it: an atomic test-and-set on the
-    -- primary key. A conflict is a later delivery: it counts, and returns the
-    -- stored result to replay.
-    INSERT INTO processed_events AS pe
+    -- primary key. A conflict is a delivery that raced the first one (its
+    -- claim was not yet committed when `replayed` looked): it counts, and
+    -- returns the stored result to replay.
+    INSERT INTO public.processed_events AS pe
         (event_id, event_type, status, order_id, result, payload, trace_context)
     SELECT params.event_id, params.event_type, decision.step ->> 'outcome', decision.order_id,
            jsonb_strip_nulls(jsonb_build_object(
@@ -49,12 +66,13 @@ WITH params AS NOT MATERIALIZED (
                'order_id', decision.order_id)),
            params.body, params.trace_context
     FROM params, decision
+    WHERE NOT EXISTS (SELECT FROM replayed)
     ON CONFLICT (event_id) DO UPDATE
         SET deliveries = pe.deliveries + 1, last_delivered_at = now()
     RETURNING (pe.xmax = 0) AS claimed, pe.result::text AS body, pe.status
 ), order_update AS (
     -- Only a claimed event changes anything.
-    UPDATE orders SET status = decision.step ->> 'set_status', updated_at = now()
+    UPDATE public.orders AS orders SET status = decision.step ->> 'set_status', updated_at = now()
     FROM decision, claim
     WHERE claim.claimed AND orders.id = decision.order_id
       AND decision.step ->> 'set_status' IS NOT NULL
@@ -69,7 +87,7 @@ WITH params AS NOT MATERIALIZED (
     -- else (the relay's completion is fenced on its claim); a done row stays
     -- done. With no row at all (retention removed it long after it was
     -- done), the proposed row is written, cancelled, saying why.
-    INSERT INTO outbox AS o (kind, payload, idempotency_key, event_id, order_id, trace_context,
+    INSERT INTO public.outbox AS o (kind, payload, idempotency_key, event_id, order_id, trace_context,
                              status, finished_at, last_error)
     SELECT params.shipment_kind,
            jsonb_build_object('v', params.payload_version,
@@ -86,7 +104,7 @@ WITH params AS NOT MATERIALIZED (
         SET status = 'cancelled', finished_at = now(), last_error = 'cancelled by ' || $1
         WHERE o.status IN ('pending', 'dead')
 ), enqueued AS (
-    INSERT INTO outbox (kind, payload, idempotency_key, event_id, order_id, trace_context)
+    INSERT INTO public.outbox (kind, payload, idempotency_key, event_id, order_id, trace_context)
     SELECT command.spec ->> 'kind',
            jsonb_build_object('v', params.payload_version,
                               'order_id', decision.order_id,
@@ -104,3 +122,6 @@ WITH params AS NOT MATERIALIZED (
 SELECT claim.claimed, claim.body, claim.status,
        (SELECT count(*) FROM enqueued)::int4 AS enqueued
 FROM claim
+UNION ALL
+SELECT false, replayed.body, replayed.status, 0
+FROM replayed
