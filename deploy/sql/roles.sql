@@ -67,6 +67,12 @@ SELECT format('GRANT %I TO %I', grp, login)
 --   the ingest: its whole handler has INGEST_DEADLINE_MS (5 s); a statement
 --   whose client gave up is cancelled instead of committing later.
 ALTER ROLE ingest_app SET statement_timeout = '5s';
+--   a delivery whose order is locked for long (by the shop, or a slow
+--   delivery) gives its connection back and tries again (the ingest sets a
+--   twentieth of INGEST_DEADLINE_MS, at most 100 ms): without it, such a
+--   delivery waits on its connection, and a few of them can take the pool
+--   from every other order.
+ALTER ROLE ingest_app SET lock_timeout = '100ms';
 ALTER ROLE ingest_app SET client_connection_check_interval = '250ms';
 --   the relay: leases and outcomes may be lost in a server crash without harm
 --   (a row is sent again under the same idempotency key), so its commits do

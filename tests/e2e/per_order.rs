@@ -218,6 +218,7 @@ async fn a_shipment_that_was_performed_is_recorded_done_even_when_a_refund_lands
         .pool(&db::ConnectOptions {
             application_name: "stalled-relay",
             statement_timeout: Some(Duration::from_secs(10)),
+            lock_timeout: None,
             abort_when_client_leaves: false,
             asynchronous_commit: false,
             pool_size: 1,

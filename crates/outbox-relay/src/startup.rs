@@ -39,6 +39,7 @@ impl Application {
         let pool = database.pool(&db::ConnectOptions {
             application_name: "outbox-relay",
             statement_timeout: Some(Duration::from_secs(30)),
+            lock_timeout: None,
             abort_when_client_leaves: false,
             // What the relay writes (leases, outcomes, schedules) may be lost
             // in a server crash without harm: a lost lease or a lost `done`

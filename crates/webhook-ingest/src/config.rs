@@ -141,6 +141,17 @@ impl Settings {
         Duration::from_millis(self.ingest_deadline_ms)
     }
 
+    /// The longest one try of the record statement waits for its order's
+    /// row lock on a connection (`lock_timeout`): a twentieth of the
+    /// deadline, between 10 and 100 ms. Longer than the lock a concurrent
+    /// event of the same order holds (its one statement and commit), far
+    /// shorter than the deadline: a delivery whose order someone holds
+    /// locked for long waits between tries with no connection, so a lock
+    /// on one order never ties up the pool that other orders need.
+    pub fn lock_wait(&self) -> Duration {
+        (self.deadline() / 20).clamp(Duration::from_millis(10), Duration::from_millis(100))
+    }
+
     pub fn webhook_signature_scheme_name(&self) -> &'static str {
         Scheme::from(self.webhook_signature_scheme).as_str()
     }

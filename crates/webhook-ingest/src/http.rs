@@ -6,6 +6,7 @@
 //! real event), and the whole of it under one deadline.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -33,9 +34,12 @@ pub struct AppState {
     pub verifier: signature::Verifier,
     pub deadline: Duration,
     pub metrics: IngestMetrics,
-    pub notifier: std::sync::Arc<crate::notifier::Notifier>,
+    pub notifier: Arc<crate::notifier::Notifier>,
     /// Permits for requests in flight (`INGEST_MAX_IN_FLIGHT`).
-    pub in_flight: std::sync::Arc<tokio::sync::Semaphore>,
+    pub in_flight: Arc<tokio::sync::Semaphore>,
+    /// Connections that deliveries waiting for a locked order may hold at
+    /// once, trying again (see [`record`]).
+    pub lock_retries: Arc<tokio::sync::Semaphore>,
 }
 
 /// The handler: the server span, outcome, metrics and logging around [`process`].
@@ -156,18 +160,84 @@ async fn process(
 }
 
 /// Parses the verified `body` and runs the one statement, in the request's span.
+///
+/// A try that finds the event's order locked for longer than the session's
+/// `lock_timeout` (by the shop, or by a slow delivery) fails with
+/// `lock_not_available` and changes nothing; the delivery then waits, holding
+/// no connection, and tries again until its deadline (a 503 then, which the
+/// provider retries). Tries after the first take one of the few
+/// `lock_retries` slots first, so however many deliveries wait for one
+/// order's lock, most of the pool stays free for every other order.
 async fn record(
     body: bytes::Bytes,
     state: &AppState,
     deadline: tokio::time::Instant,
     trace_context: &str,
 ) -> Result<Recorded, IngestError> {
-    let event = ProviderEvent::parse(&body)?;
+    let event = Arc::new(ProviderEvent::parse(&body)?);
     let span = tracing::Span::current();
     span.record("webhook.event_id", event.id.as_str());
     span.record("webhook.event_type", event.event_type.as_str());
-    let raw = String::from_utf8(body.into()).map_err(|e| IngestError::BodyRead(e.to_string()))?;
+    let raw: Arc<str> = std::str::from_utf8(&body)
+        .map_err(|e| IngestError::BodyRead(e.to_string()))?
+        .into();
 
+    let mut tries: u32 = 0;
+    loop {
+        tries += 1;
+        let slot = if tries == 1 {
+            None
+        } else {
+            let slot = timeout_at(deadline, state.lock_retries.clone().acquire_owned())
+                .await
+                .map_err(|_| IngestError::Deadline)?
+                .map_err(|e| IngestError::Unexpected(e.into()))?;
+            Some(slot)
+        };
+        match try_record(&event, &raw, state, deadline, trace_context).await? {
+            Ok(recorded) => {
+                if recorded.enqueued() > 0 {
+                    state.notifier.notify();
+                }
+                return Ok(recorded);
+            }
+            Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+                if tries == 1 {
+                    tracing::info!("the order is locked; waiting without a connection, then trying again");
+                }
+                drop(slot);
+                let pause = lock_backoff(tries);
+                if tokio::time::Instant::now() + pause >= deadline {
+                    tokio::time::sleep_until(deadline).await;
+                    tracing::warn!(tries, "the order stayed locked until the deadline");
+                    return Err(IngestError::Deadline);
+                }
+                tokio::time::sleep(pause).await;
+            }
+            Err(e) if is_retryable(&e) => return Err(IngestError::Unavailable(e.to_string())),
+            Err(e) => return Err(anyhow::Error::new(e).context("recording the event").into()),
+        }
+    }
+}
+
+/// The pause before try `tries + 1` for a locked order: 10 ms, doubling up
+/// to 160 ms, with full jitter (so the waiters of one lock spread out).
+fn lock_backoff(tries: u32) -> Duration {
+    let ceiling = Duration::from_millis(10) * 2u32.pow(tries.saturating_sub(1).min(4));
+    ceiling.mul_f64(rand::random::<f64>().max(0.1))
+}
+
+/// One try of the record statement on a pooled connection, under the
+/// deadline: `Err` when the deadline passed (the statement is abandoned and
+/// cancelled), else the statement's own answer, its connection back in the
+/// pool.
+async fn try_record(
+    event: &Arc<ProviderEvent>,
+    raw: &Arc<str>,
+    state: &AppState,
+    deadline: tokio::time::Instant,
+    trace_context: &str,
+) -> Result<Result<Recorded, tokio_postgres::Error>, IngestError> {
     let client = timeout_at(deadline, state.pool.get())
         .await
         .map_err(|_| IngestError::Deadline)?
@@ -184,34 +254,26 @@ async fn record(
         db.operation.name = "record_event",
         db.query.summary = "record_event processed_events orders outbox",
     );
-    let event_id = event.id.clone();
-    let mut recording = Box::pin(record_on(client, event, raw, trace_context.to_owned()));
+    let mut recording = Box::pin(record_on(
+        client,
+        event.clone(),
+        raw.clone(),
+        trace_context.to_owned(),
+    ));
     let Ok((client, result)) = timeout_at(deadline, &mut recording)
         .instrument(db_span.clone())
         .await
     else {
         db_span.record("otel.status_code", "ERROR");
-        abandon(recording, session, state, &event_id).await;
+        abandon(recording, session, state, &event.id).await;
         return Err(IngestError::Deadline);
     };
     // Its statement has answered: the connection goes back to the pool clean.
     drop(client);
-    match result {
-        Ok(recorded) => {
-            if recorded.enqueued() > 0 {
-                state.notifier.notify();
-            }
-            Ok(recorded)
-        }
-        Err(e) => {
-            db_span.record("otel.status_code", "ERROR");
-            if is_retryable(&e) {
-                Err(IngestError::Unavailable(e.to_string()))
-            } else {
-                Err(anyhow::Error::new(e).context("recording the event").into())
-            }
-        }
+    if result.is_err() {
+        db_span.record("otel.status_code", "ERROR");
     }
+    Ok(result)
 }
 
 /// What the record statement gives back: its connection, and its answer.
@@ -220,7 +282,12 @@ type Answered = (db::Client, Result<Recorded, tokio_postgres::Error>);
 /// The record statement on a connection it owns, so that a statement the
 /// deadline abandons can be handed to [`abandon`] together with its
 /// connection.
-async fn record_on(client: db::Client, event: ProviderEvent, raw: String, trace_context: String) -> Answered {
+async fn record_on(
+    client: db::Client,
+    event: Arc<ProviderEvent>,
+    raw: Arc<str>,
+    trace_context: String,
+) -> Answered {
     let client = InFlight(Some(client));
     let result = storage::record_event(client.get(), &event, &raw, Some(&trace_context)).await;
     (client.answered(), result)

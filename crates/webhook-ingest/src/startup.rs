@@ -47,6 +47,7 @@ impl Application {
             // a statement the handler is still waiting for, and a statement
             // whose cancel was lost ends at most one deadline after the 503.
             statement_timeout: Some(deadline),
+            lock_timeout: Some(settings.lock_wait()),
             abort_when_client_leaves: true,
             // The 200 promises the provider the event is recorded: durable commits.
             asynchronous_commit: false,
@@ -67,6 +68,9 @@ impl Application {
             in_flight: Arc::new(tokio::sync::Semaphore::new(
                 settings.ingest_max_in_flight as usize,
             )),
+            lock_retries: Arc::new(tokio::sync::Semaphore::new(lock_retry_slots(
+                settings.database_pool_size,
+            ))),
         });
 
         let listener = TcpListener::bind(settings.ingest_listen_addr)
@@ -137,6 +141,13 @@ impl Application {
         self.pool.close();
         served.context("serving webhooks")
     }
+}
+
+/// How many of the pool's connections deliveries waiting for a locked order
+/// may hold at once, trying again: a quarter (at least one). The rest stay
+/// for every other order's deliveries, however many wait for one lock.
+fn lock_retry_slots(pool_size: u32) -> usize {
+    (pool_size as usize / 4).max(1)
 }
 
 /// `/readyz`: the database answers and its schema is the one this binary needs.

@@ -37,6 +37,7 @@ pub fn prune_connect_options() -> db::ConnectOptions {
     db::ConnectOptions {
         application_name: "outbox-relay-prune",
         statement_timeout: Some(Duration::from_secs(60)),
+        lock_timeout: None,
         abort_when_client_leaves: false,
         asynchronous_commit: false,
         pool_size: 1,

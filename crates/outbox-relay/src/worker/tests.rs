@@ -53,6 +53,7 @@ async fn env(rows: i64, flags: &[&str]) -> Env {
     let pool = settings.database().unwrap().pool(&db::ConnectOptions {
         application_name: "outbox-relay-unit-test",
         statement_timeout: None,
+        lock_timeout: None,
         abort_when_client_leaves: false,
         asynchronous_commit: true,
         pool_size: 4,

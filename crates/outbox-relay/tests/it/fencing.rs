@@ -13,6 +13,7 @@ fn pool(env: &Env) -> db::Pool {
         .pool(&db::ConnectOptions {
             application_name: "fencing-test",
             statement_timeout: Some(Duration::from_secs(5)),
+            lock_timeout: None,
             abort_when_client_leaves: false,
             asynchronous_commit: false,
             pool_size: 1,

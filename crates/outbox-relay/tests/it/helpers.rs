@@ -76,6 +76,7 @@ impl Env {
         let pool = database.pool(&db::ConnectOptions {
             application_name: "outbox-relay-test",
             statement_timeout: None,
+            lock_timeout: None,
             abort_when_client_leaves: false,
             asynchronous_commit: true,
             pool_size: 4,

@@ -132,6 +132,7 @@ fn pool(url: &str) -> db::Pool {
     db::Database::parse(url).unwrap().pool(&db::ConnectOptions {
         application_name: "roles-test",
         statement_timeout: Some(Duration::from_secs(5)),
+        lock_timeout: None,
         abort_when_client_leaves: false,
         asynchronous_commit: true,
         pool_size: 1,

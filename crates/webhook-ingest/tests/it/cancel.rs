@@ -18,7 +18,7 @@ const HANG: Duration = Duration::from_secs(15);
 /// Ingest sessions of the test's database still running the record statement.
 const RECORDING: &str = "SELECT count(*) FROM pg_stat_activity
     WHERE datname = current_database() AND usename = 'webhook_test_ingest'
-      AND state = 'active' AND query LIKE '%INSERT INTO processed_events%'";
+      AND state = 'active' AND query LIKE '%INSERT INTO public.processed_events%'";
 
 /// Ingest sessions of the test's database waiting for a lock.
 const WAITING: &str = "SELECT count(*) FROM pg_stat_activity
@@ -121,7 +121,8 @@ async fn over_tls_with_no_server_backstop_only_the_cancel_ends_the_statement() {
         .await
         .batch_execute(&format!(
             "ALTER ROLE {login} IN DATABASE shop SET statement_timeout = 0;
-             ALTER ROLE {login} IN DATABASE shop SET client_connection_check_interval = 0",
+             ALTER ROLE {login} IN DATABASE shop SET client_connection_check_interval = 0;
+             ALTER ROLE {login} IN DATABASE shop SET lock_timeout = 0",
             login = Role::Ingest.login()
         ))
         .await

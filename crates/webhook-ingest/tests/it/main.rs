@@ -10,6 +10,7 @@ mod config;
 mod dedup;
 mod helpers;
 mod hostile;
+mod locked;
 mod outage;
 mod outcomes;
 mod roles;

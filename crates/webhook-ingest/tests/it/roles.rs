@@ -98,6 +98,7 @@ fn ingest_pool(db: &TestDb) -> db::Pool {
         .pool(&db::ConnectOptions {
             application_name: "roles-test",
             statement_timeout: Some(Duration::from_secs(5)),
+            lock_timeout: None,
             abort_when_client_leaves: false,
             asynchronous_commit: false,
             pool_size: 1,
