@@ -3,15 +3,17 @@
 # of DATABASE_POOL_MODE=transaction run through, and a way to try it by hand.
 #
 #   PGBOUNCER_DIR=/tmp/pgb PGBOUNCER_PORT=6433 PGBOUNCER_UPSTREAM_PORT=5432 \
-#   PGBOUNCER_USERS="ingest_app relay_app" scripts/pgbouncer.sh start
+#   PGBOUNCER_USERS="ingest_app relay_app" PGBOUNCER_PASSWORD=secret scripts/pgbouncer.sh start
 #   PGBOUNCER_DIR=/tmp/pgb scripts/pgbouncer.sh stop
 #
 # - Installs Debian's `pgbouncer` package when there is no pgbouncer.
 # - Runs it as an unprivileged user even when called by root (PgBouncer
 #   refuses to run as root), as scripts/pg-cluster.sh runs the server.
 # - Every database of the upstream server under its own name; the users in
-#   PGBOUNCER_USERS (space-separated) may log in. Authentication is `trust`,
-#   like the throwaway cluster behind it: this is for loopback tests only.
+#   PGBOUNCER_USERS (space-separated) may log in. Clients are trusted (this
+#   is for loopback tests only); to the server, which asks for passwords
+#   (scripts/pg-cluster.sh's does), PgBouncer logs in as each of them with
+#   PGBOUNCER_PASSWORD, kept in its auth_file (mode 0600).
 # - The settings deploy/README.md recommends: pool_mode = transaction,
 #   ignore_startup_parameters = extra_float_digits,options. Few server
 #   connections per database and user (PGBOUNCER_POOL_SIZE, default 2), so a
@@ -60,8 +62,11 @@ start() {
   [ -n "$bin" ] || { say "could not find or install pgbouncer"; exit 1; }
   pick_user
   mkdir -p "$dir"
-  : >"$dir/userlist.txt"
-  for user in ${PGBOUNCER_USERS:-}; do printf '"%s" ""\n' "$user" >>"$dir/userlist.txt"; done
+  local password=${PGBOUNCER_PASSWORD:-}
+  password=${password//\"/\"\"}
+  (umask 077 && : >"$dir/userlist.txt")
+  chmod 0600 "$dir/userlist.txt"
+  for user in ${PGBOUNCER_USERS:-}; do printf '"%s" "%s"\n' "$user" "$password" >>"$dir/userlist.txt"; done
   cat >"$ini" <<EOF
 [databases]
 * = host=127.0.0.1 port=$upstream

@@ -41,6 +41,8 @@ pub struct PrivateCluster {
     port: u16,
     /// Server certificate and key, when it serves TLS.
     tls: Option<(PathBuf, PathBuf)>,
+    /// The admin URL `start` printed (with the cluster's admin password).
+    url: String,
 }
 
 impl PrivateCluster {
@@ -57,12 +59,18 @@ impl PrivateCluster {
     fn start_with(tls: Option<(PathBuf, PathBuf)>) -> anyhow::Result<Self> {
         let port = free_port();
         let dir = std::env::temp_dir().join(format!("webhook-pg-private-{}-{port}", std::process::id()));
-        let cluster = Self { dir, port, tls };
-        cluster.run("start")?;
+        let mut cluster = Self {
+            dir,
+            port,
+            tls,
+            url: String::new(),
+        };
+        cluster.url = cluster.run("start")?.trim().to_owned();
         Ok(cluster)
     }
 
-    fn run(&self, verb: &str) -> anyhow::Result<()> {
+    /// Runs `scripts/pg-cluster.sh verb` on this cluster; its stdout.
+    fn run(&self, verb: &str) -> anyhow::Result<String> {
         let mut command = script("pg-cluster.sh");
         command
             .arg(verb)
@@ -79,11 +87,12 @@ impl PrivateCluster {
             "scripts/pg-cluster.sh {verb}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        Ok(())
+        String::from_utf8(out.stdout).context("pg-cluster.sh's output")
     }
 
+    /// The admin URL (user `postgres`, with its password).
     pub fn url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+        self.url.clone()
     }
 
     pub fn port(&self) -> u16 {
@@ -92,11 +101,11 @@ impl PrivateCluster {
 
     /// Fast shutdown: connections are terminated, as in an outage.
     pub fn stop(&self) -> anyhow::Result<()> {
-        self.run("stop")
+        self.run("stop").map(drop)
     }
 
     pub fn resume(&self) -> anyhow::Result<()> {
-        self.run("start")
+        self.run("start").map(drop)
     }
 
     /// Creates `name` in this cluster and migrates it; returns its URL.
@@ -104,6 +113,7 @@ impl PrivateCluster {
         let admin = db::Database::parse(&self.url())?;
         let client = admin.connect("testkit").await?;
         client.batch_execute(&format!("CREATE DATABASE {name}")).await?;
+        crate::database::secure_public_schema(&admin.with_dbname(name)).await?;
         let mut c = admin.with_dbname(name).connect("testkit").await?;
         db::migrate(&mut c).await?;
         Ok(url_with_dbname(&self.url(), name))

@@ -7,7 +7,7 @@ use anyhow::Context as _;
 
 use crate::bin::script;
 use crate::net::free_port;
-use crate::roles::Role;
+use crate::roles::{ROLE_PASSWORD, Role};
 use crate::url::url_with_port;
 
 /// PgBouncer 1.18 in transaction mode (`scripts/pgbouncer.sh`, which installs
@@ -21,7 +21,8 @@ pub struct PgBouncer {
 
 impl PgBouncer {
     /// Lets the test users of every [`Role`] through (they must exist:
-    /// [`crate::TestDb::new`] or [`crate::login_url`] made them).
+    /// [`crate::TestDb::new`] or [`crate::login_url`] made them), logging in
+    /// to the cluster with their [`ROLE_PASSWORD`].
     pub fn start(upstream_port: u16) -> anyhow::Result<Self> {
         let port = free_port();
         let dir = std::env::temp_dir().join(format!("webhook-pgbouncer-{}-{port}", std::process::id()));
@@ -33,6 +34,7 @@ impl PgBouncer {
             .env("PGBOUNCER_PORT", port.to_string())
             .env("PGBOUNCER_UPSTREAM_PORT", upstream_port.to_string())
             .env("PGBOUNCER_USERS", users.join(" "))
+            .env("PGBOUNCER_PASSWORD", ROLE_PASSWORD)
             .output()
             .context("running scripts/pgbouncer.sh")?;
         anyhow::ensure!(

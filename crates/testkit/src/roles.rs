@@ -22,8 +22,9 @@ pub enum Role {
     Monitor,
 }
 
-/// The test users' password: irrelevant on the throwaway cluster (trust),
-/// needed on a `DATABASE_URL` server that checks passwords.
+/// The test users' password: the throwaway cluster, like any `DATABASE_URL`
+/// server that checks passwords, demands it over TCP (and a pooler in front
+/// logs in with it: [`crate::PgBouncer`]).
 pub const ROLE_PASSWORD: &str = "webhook_test";
 
 impl Role {
