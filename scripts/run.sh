@@ -68,7 +68,9 @@ if [ -z "${DATABASE_URL:-}" ]; then
   admin=$(scripts/pg-cluster.sh start)
   psql "$admin" -qc "DROP DATABASE IF EXISTS webhook_demo WITH (FORCE)" -c "CREATE DATABASE webhook_demo"
   DATABASE_URL=${admin%/postgres}/webhook_demo
-  say "Postgres: throwaway cluster, database webhook_demo ($(scripts/pg-cluster.sh url | sed 's|/postgres$||'))"
+  # Shown without the admin password the URL carries.
+  server=${admin#*@}
+  say "Postgres: throwaway cluster, database webhook_demo (postgres://postgres@${server%/postgres})"
 fi
 export DATABASE_URL
 

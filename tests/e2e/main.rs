@@ -5,6 +5,7 @@
 )]
 
 mod chaos;
+mod dev_cluster;
 mod harness;
 mod history;
 mod observability;
