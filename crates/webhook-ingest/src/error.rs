@@ -32,6 +32,8 @@ pub enum IngestError {
     Unavailable(String),
     #[error("deadline exceeded")]
     Deadline,
+    #[error("the body did not arrive within half the deadline")]
+    SlowBody,
     #[error("too many requests in flight")]
     Overloaded,
     #[error(transparent)]
@@ -44,7 +46,9 @@ impl IngestError {
             Self::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Signature(_) => StatusCode::UNAUTHORIZED,
             Self::Malformed(_) | Self::BodyRead(_) => StatusCode::BAD_REQUEST,
-            Self::Unavailable(_) | Self::Deadline | Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Unavailable(_) | Self::Deadline | Self::SlowBody | Self::Overloaded => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Self::Unexpected(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -55,7 +59,7 @@ impl IngestError {
             Self::TooLarge => "too_large",
             Self::Signature(_) => "invalid_signature",
             Self::Malformed(_) | Self::BodyRead(_) => "malformed",
-            Self::Unavailable(_) | Self::Deadline | Self::Overloaded => "unavailable",
+            Self::Unavailable(_) | Self::Deadline | Self::SlowBody | Self::Overloaded => "unavailable",
             Self::Unexpected(_) => "internal_error",
         }
     }
@@ -63,7 +67,7 @@ impl IngestError {
     /// What the provider reads.
     fn public_message(&self) -> String {
         match self {
-            Self::Unavailable(_) | Self::Deadline | Self::Overloaded => {
+            Self::Unavailable(_) | Self::Deadline | Self::SlowBody | Self::Overloaded => {
                 "temporarily unavailable, retry later".into()
             }
             Self::Unexpected(_) => "internal error".into(),

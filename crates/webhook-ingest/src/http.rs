@@ -35,8 +35,11 @@ pub struct AppState {
     pub deadline: Duration,
     pub metrics: IngestMetrics,
     pub notifier: Arc<crate::notifier::Notifier>,
-    /// Permits for requests in flight (`INGEST_MAX_IN_FLIGHT`).
+    /// Permits for verified requests in flight (`INGEST_MAX_IN_FLIGHT`).
     pub in_flight: Arc<tokio::sync::Semaphore>,
+    /// Slots for requests whose body is being read and verified
+    /// ([`READERS_PER_PERMIT`] per permit).
+    pub readers: Arc<tokio::sync::Semaphore>,
     /// Connections that deliveries waiting for a locked order may hold at
     /// once, trying again (see [`record`]).
     pub lock_retries: Arc<tokio::sync::Semaphore>,
@@ -64,12 +67,7 @@ pub async fn receive(req: HttpRequest, body: web::Payload, state: web::Data<AppS
         webhook.event_type = Empty,
         webhook.outcome = Empty,
     );
-    // Shed load before doing any work: a full house answers at once.
-    let permit = state.in_flight.clone().try_acquire_owned();
-    let result = match permit {
-        Ok(_permit) => process(&req, body, &state, deadline, &span).await,
-        Err(_) => Err(IngestError::Overloaded),
-    };
+    let result = process(&req, body, &state, started, deadline, &span).await;
     async move {
         let (response, outcome) = match result {
             Ok(recorded) => {
@@ -83,7 +81,10 @@ pub async fn receive(req: HttpRequest, body: web::Payload, state: web::Data<AppS
             Err(err) => {
                 match &err {
                     IngestError::Unexpected(e) => tracing::error!(error = format!("{e:#}"), "webhook failed"),
-                    IngestError::Unavailable(_) | IngestError::Deadline | IngestError::Overloaded => {
+                    IngestError::Unavailable(_)
+                    | IngestError::Deadline
+                    | IngestError::SlowBody
+                    | IngestError::Overloaded => {
                         tracing::warn!(error = %err, "webhook not processed, provider told to retry");
                     }
                     _ => tracing::info!(error = %err, "webhook rejected"),
@@ -120,16 +121,33 @@ fn accepted(recorded: Recorded) -> HttpResponse {
 /// verified delivery's `traceparent` becomes its parent, and is continued
 /// in the outbox rows; an unverified request's is ignored, and its span
 /// starts a trace of its own when [`receive`] enters it.
+///
+/// The body is read under bounds of its own, before any of the
+/// `INGEST_MAX_IN_FLIGHT` permits is taken: a permit is held only by a
+/// delivery whose signature verified, for its database work. So clients that
+/// trickle their bodies (a slow-body attack, before any authentication) can
+/// take only reading slots, each for at most [`body_bound`], and never the
+/// permits that real webhooks need.
 async fn process(
     req: &HttpRequest,
     body: web::Payload,
     state: &AppState,
+    started: Instant,
     deadline: tokio::time::Instant,
     span: &tracing::Span,
 ) -> Result<Recorded, IngestError> {
-    let body = timeout_at(deadline, read_body(req, body))
-        .await
-        .map_err(|_| IngestError::Deadline)??;
+    let body = {
+        // Shed at once when every reading slot is taken.
+        let _reading = state
+            .readers
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| IngestError::Overloaded)?;
+        let body_deadline = tokio::time::Instant::from_std(started) + body_bound(state.deadline);
+        timeout_at(body_deadline, read_body(req, body))
+            .await
+            .map_err(|_| IngestError::SlowBody)??
+    };
 
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -153,11 +171,30 @@ async fn process(
     let _ = verify_span.set_parent(span.context());
     drop(verify_span);
     verified?;
+    // Shed load before any database work: a full house answers at once.
+    let _permit = state
+        .in_flight
+        .clone()
+        .try_acquire_owned()
+        .map_err(|_| IngestError::Overloaded)?;
     let trace_context = process::traces::traceparent_for(span, incoming);
     record(body, state, deadline, &trace_context)
         .instrument(span.clone())
         .await
 }
+
+/// How long a request's body may take to arrive, from the request's first
+/// byte: half its deadline. A provider sends a webhook's few kilobytes in
+/// one go; a client that needs longer is answered 503 (retry) and keeps the
+/// other half of the deadline from being spent on its database work.
+fn body_bound(deadline: Duration) -> Duration {
+    deadline / 2
+}
+
+/// Reading slots for each in-flight permit: bodies being read (and
+/// verified) at once, beyond which a request is shed at once. Each slot
+/// costs only the bytes its client actually sent (at most 256 KiB).
+pub const READERS_PER_PERMIT: usize = 4;
 
 /// Parses the verified `body` and runs the one statement, in the request's span.
 ///
@@ -406,6 +443,9 @@ fn is_retryable(err: &tokio_postgres::Error) -> bool {
     db::is_connectivity_error(err) || err.code().is_some_and(|c| RETRYABLE.contains(c))
 }
 
+/// The most a body's buffer holds before its bytes arrive.
+const INITIAL_BODY_CAPACITY: usize = 16 * 1024;
+
 async fn read_body(req: &HttpRequest, mut payload: web::Payload) -> Result<bytes::Bytes, IngestError> {
     let declared = req
         .headers()
@@ -415,7 +455,12 @@ async fn read_body(req: &HttpRequest, mut payload: web::Payload) -> Result<bytes
     if declared.is_some_and(|len| len > MAX_BODY_BYTES) {
         return Err(IngestError::TooLarge);
     }
-    let mut buf = BytesMut::with_capacity(declared.unwrap_or(8 * 1024).min(MAX_BODY_BYTES));
+    // Memory follows the bytes that arrive, not the length a client declares.
+    let mut buf = BytesMut::with_capacity(
+        declared
+            .unwrap_or(INITIAL_BODY_CAPACITY)
+            .min(INITIAL_BODY_CAPACITY),
+    );
     while let Some(chunk) = payload.next().await {
         let chunk = chunk.map_err(|e| IngestError::BodyRead(e.to_string()))?;
         if buf.len() + chunk.len() > MAX_BODY_BYTES {

@@ -68,6 +68,9 @@ impl Application {
             in_flight: Arc::new(tokio::sync::Semaphore::new(
                 settings.ingest_max_in_flight as usize,
             )),
+            readers: Arc::new(tokio::sync::Semaphore::new(
+                settings.ingest_max_in_flight as usize * http::READERS_PER_PERMIT,
+            )),
             lock_retries: Arc::new(tokio::sync::Semaphore::new(lock_retry_slots(
                 settings.database_pool_size,
             ))),

@@ -16,4 +16,5 @@ mod outcomes;
 mod roles;
 mod shutdown;
 mod signatures;
+mod slow_bodies;
 mod terminal;
