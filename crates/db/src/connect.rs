@@ -33,7 +33,7 @@ fn spawn_driver((client, connection): (tokio_postgres::Client, Connection)) -> t
 
 /// What each service asks of its connections.
 ///
-/// The three settings below travel in the startup packet's `options`, which a
+/// The session settings below travel in the startup packet's `options`, which a
 /// transaction-mode pooler does not pass on: when the database is reached in
 /// [`PoolMode::Transaction`] they are not sent, and the login role must carry
 /// them instead (`ALTER ROLE ... SET statement_timeout = ...`;
@@ -44,6 +44,11 @@ pub struct ConnectOptions {
     pub application_name: &'static str,
     /// Server-side bound on any one statement (`statement_timeout`).
     pub statement_timeout: Option<Duration>,
+    /// Server-side bound on any one wait for a lock (`lock_timeout`): a
+    /// statement that waits longer fails with `lock_not_available` (55P03),
+    /// and its caller decides whether to try again without holding the
+    /// connection meanwhile.
+    pub lock_timeout: Option<Duration>,
     /// Have the server check for a vanished client while a statement runs
     /// (`client_connection_check_interval`, every 250 ms), so a statement
     /// whose connection closed (its process died, the pool discarded it) is
@@ -137,6 +142,9 @@ impl Database {
         let mut settings = Vec::new();
         if let Some(timeout) = options.statement_timeout {
             settings.push(format!("-c statement_timeout={}", timeout.as_millis()));
+        }
+        if let Some(timeout) = options.lock_timeout {
+            settings.push(format!("-c lock_timeout={}", timeout.as_millis()));
         }
         if options.abort_when_client_leaves {
             settings.push("-c client_connection_check_interval=250".to_owned());
