@@ -64,6 +64,16 @@ SELECT format('GRANT %I TO %I', grp, login)
 -- services set the same per connection (startup options); through a
 -- transaction-mode pooler, which passes no startup options, these are what
 -- bounds every statement. Keep them in step with the services' settings.
+--   all three: names resolve in pg_catalog alone. PostgreSQL resolves a
+--   function or operator across the whole search_path by best match of the
+--   argument types, so on the default path ("$user", public) a function
+--   someone created in `public` with exact types (PostgreSQL 14 and earlier
+--   let every role create there) would run inside our statements, as us.
+--   The services' statements name their tables (public.outbox); behind a
+--   transaction-mode pooler /readyz answers 503 until this is set.
+ALTER ROLE ingest_app SET search_path = pg_catalog;
+ALTER ROLE relay_app SET search_path = pg_catalog;
+ALTER ROLE keda_app SET search_path = pg_catalog;
 --   the ingest: its whole handler has INGEST_DEADLINE_MS (5 s); a statement
 --   whose client gave up is cancelled instead of committing later.
 ALTER ROLE ingest_app SET statement_timeout = '5s';
@@ -91,4 +101,6 @@ SELECT format('CREATE DATABASE %I OWNER webhooks_owner', :'dbname')
 \connect :"dbname"
 -- Before PostgreSQL 15 every role may create tables in `public`: not the
 -- services. (Since 15 this is the default; the statement changes nothing.)
+-- `webhook-ingest migrate` refuses to run while PUBLIC (or any role but the
+-- schema's owner, the migrating user and superusers) may create there.
 REVOKE CREATE ON SCHEMA public FROM PUBLIC;

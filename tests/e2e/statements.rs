@@ -9,7 +9,10 @@
 //!   reads ([`db::Sql::returning`]);
 //! - the role that runs it in production may run it: `EXPLAIN EXECUTE` as that
 //!   role's login user plans it, and planning checks every table and column
-//!   privilege, without executing anything.
+//!   privilege, without executing anything;
+//! - it names its tables: every session above resolves names in `pg_catalog`
+//!   alone, as the services' do (`db::SEARCH_PATH`), so `FROM outbox` fails
+//!   where `FROM public.outbox` prepares.
 //!
 //! And every `.sql` file under `crates/*/src` is one of those statements, so
 //! a statement cannot escape the check by living outside a list.
@@ -44,11 +47,14 @@ fn statements() -> Vec<(&'static Sql, Option<Role>)> {
 #[tokio::test]
 async fn every_statement_prepares_against_the_schema_with_the_declared_types_and_columns() {
     let test_db = TestDb::new().await;
-    let owner = test_db.client().await;
+    let owner = pinned(test_db.client().await).await;
     let mut problems = Vec::new();
     let mut as_role = Vec::new();
     for role in Role::ALL {
-        as_role.push((role, TestDb::connect_url(&test_db.url_as(role)).await));
+        as_role.push((
+            role,
+            pinned(TestDb::connect_url(&test_db.url_as(role)).await).await,
+        ));
     }
     let statements = statements();
     for (sql, role) in &statements {
@@ -70,6 +76,15 @@ async fn every_statement_prepares_against_the_schema_with_the_declared_types_and
         statements.len(),
         problems.join("\n")
     );
+}
+
+/// `client`, its session resolving names as the services' sessions do.
+async fn pinned(client: tokio_postgres::Client) -> tokio_postgres::Client {
+    client
+        .batch_execute(&format!("SET search_path = {}", db::SEARCH_PATH))
+        .await
+        .expect("pinning the search_path");
+    client
 }
 
 /// Plans `sql` with every parameter NULL (of its declared type), as the

@@ -3,8 +3,8 @@
 //! and pools in [`crate::pool`].
 //!
 //! Reading the URL is `crate::url`'s job, TLS is `crate::tls`'s; this module
-//! adds the settings every connection gets (timeouts, keepalives) and the
-//! per-service session settings.
+//! adds the settings every connection gets (timeouts, keepalives, the pinned
+//! [`SEARCH_PATH`]) and the per-service session settings.
 
 use std::time::Duration;
 
@@ -30,6 +30,19 @@ fn spawn_driver((client, connection): (tokio_postgres::Client, Connection)) -> t
     });
     client
 }
+
+/// Where every session of the product resolves the names its statements do
+/// not qualify: functions, operators and types in `pg_catalog` only. Every
+/// connection made here (pools, single connections, the relay's `LISTEN`)
+/// sends it, so a function or operator someone created in `public` (where
+/// PostgreSQL 14 and earlier let every role create) is never a candidate,
+/// however exactly its argument types match a call (CVE-2018-1058); the
+/// product's statements name their tables `public.<table>`. Through a
+/// transaction-mode pooler, which passes no startup options, the login role
+/// carries it (`ALTER ROLE ... SET search_path = pg_catalog`,
+/// deploy/sql/roles.sql) and `/readyz` checks it ([`crate::ready`]). The
+/// migrations alone run with `public` on the path ([`crate::migrate`]).
+pub const SEARCH_PATH: &str = "pg_catalog";
 
 /// What each service asks of its connections.
 ///
@@ -139,7 +152,7 @@ impl Database {
         if self.pool_mode == PoolMode::Transaction {
             return config;
         }
-        let mut settings = Vec::new();
+        let mut settings = vec![pinned_search_path()];
         if let Some(timeout) = options.statement_timeout {
             settings.push(format!("-c statement_timeout={}", timeout.as_millis()));
         }
@@ -152,10 +165,7 @@ impl Database {
         if options.asynchronous_commit {
             settings.push("-c synchronous_commit=off".to_owned());
         }
-        if !settings.is_empty() {
-            let existing = config.get_options().map(str::to_owned);
-            config.options(existing.into_iter().chain(settings).collect::<Vec<_>>().join(" "));
-        }
+        add_options(&mut config, settings);
         config
     }
 
@@ -169,20 +179,43 @@ impl Database {
         Ok(spawn_driver(self.open(self.config_for(options)).await?))
     }
 
-    /// One connection, its driver spawned on the current runtime.
+    /// One connection (with the pinned [`SEARCH_PATH`]), its driver spawned
+    /// on the current runtime.
     pub async fn connect(&self, application_name: &'static str) -> anyhow::Result<tokio_postgres::Client> {
         Ok(spawn_driver(self.connect_raw(application_name).await?))
     }
 
-    /// One connection with its driver left to the caller, who must poll it
-    /// (to receive notifications, for instance).
+    /// One connection (with the pinned [`SEARCH_PATH`]) with its driver left
+    /// to the caller, who must poll it (to receive notifications, for
+    /// instance).
     pub async fn connect_raw(
         &self,
         application_name: &'static str,
     ) -> anyhow::Result<(tokio_postgres::Client, Connection)> {
         let mut config = self.config.clone();
         config.application_name(application_name);
+        if self.pool_mode != PoolMode::Transaction {
+            add_options(&mut config, [pinned_search_path()]);
+        }
         self.open(config).await
+    }
+
+    /// One connection that resolves unqualified names the way PostgreSQL
+    /// does by default (`search_path` `"$user", public`, whatever the login
+    /// role sets), its driver spawned on the current runtime. For tests and
+    /// tools that write `FROM outbox`; nothing of the product uses it, since
+    /// a role that may create in `public` could shadow what such a session
+    /// calls ([`SEARCH_PATH`]).
+    pub async fn connect_with_default_search_path(
+        &self,
+        application_name: &'static str,
+    ) -> anyhow::Result<tokio_postgres::Client> {
+        let mut config = self.config.clone();
+        config.application_name(application_name);
+        if self.pool_mode != PoolMode::Transaction {
+            add_options(&mut config, [r#"-c search_path="$user",public"#.to_owned()]);
+        }
+        Ok(spawn_driver(self.open(config).await?))
     }
 
     async fn open(
@@ -199,6 +232,18 @@ impl Database {
     pub fn canceller(&self) -> Canceller {
         Canceller::new(self.tls.clone())
     }
+}
+
+/// `-c search_path=pg_catalog`, for the startup `options`.
+fn pinned_search_path() -> String {
+    format!("-c search_path={SEARCH_PATH}")
+}
+
+/// Appends `settings` (`-c name=value` each) to the URL's own `options`, so
+/// that ours win over a setting the URL makes too.
+fn add_options(config: &mut tokio_postgres::Config, settings: impl IntoIterator<Item = String>) {
+    let existing = config.get_options().map(str::to_owned);
+    config.options(existing.into_iter().chain(settings).collect::<Vec<_>>().join(" "));
 }
 
 #[cfg(test)]

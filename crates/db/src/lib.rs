@@ -2,7 +2,9 @@
 //!
 //! # Layout
 //! - [`connect`]: [`Database`], a parsed `DATABASE_URL`, and single
-//!   connections with a service's [`ConnectOptions`].
+//!   connections with a service's [`ConnectOptions`]; every one of them with
+//!   `search_path` pinned to [`SEARCH_PATH`] (`pg_catalog`), which is why the
+//!   product's statements name their tables `public.<table>`.
 //! - `url`: reading `DATABASE_URL`, libpq's `sslmode` values included
 //!   (`verify-ca` / `verify-full` with `sslrootcert`).
 //! - `tls`: the rustls verifiers behind those `sslmode` values.
@@ -14,8 +16,10 @@
 //!   once per connection, or unnamed), and [`sql::check`], which holds a
 //!   statement against a migrated schema.
 //! - [`migrate`]: the migrations in `migrations/`, embedded in the binary, applied
-//!   under an advisory lock; the schema status.
-//! - [`ready`]: the database half of `/readyz`.
+//!   under an advisory lock, refused ([`UnsafeSchema`]) while others may create
+//!   in schema `public`; the schema status.
+//! - [`ready`]: the database half of `/readyz` (reachable, `search_path`
+//!   pinned, schema current).
 //! - `error`: [`is_connectivity_error`], what a database error means.
 //!
 //! This crate's own statements are `.sql` files beside their modules
@@ -33,9 +37,9 @@ mod tls;
 mod url;
 
 pub use cancel::Canceller;
-pub use connect::{ConnectOptions, Database};
+pub use connect::{ConnectOptions, Database, SEARCH_PATH};
 pub use error::is_connectivity_error;
-pub use migrate::{SchemaStatus, migrate, schema_status};
+pub use migrate::{SchemaStatus, UnsafeSchema, migrate, schema_status};
 pub use pool::{Client, Pool, PoolError, PoolMode};
 pub use sql::{Column, Executor, Sql, col};
 pub use url::DatabaseUrlError;
@@ -51,6 +55,8 @@ pub const STATEMENTS: &[&Sql] = &[
     &migrate::UNLOCK,
     &migrate::HISTORY_EXISTS,
     &migrate::APPLIED_VERSION,
+    &migrate::SET_SEARCH_PATH,
+    &migrate::PUBLIC_SCHEMA_CREATORS,
     &ready::ROLE_SETTINGS,
 ];
 

@@ -11,6 +11,15 @@
 //! transaction-mode pooler would hand to other clients' transactions. The
 //! migrating user owns the tables it creates; the services' roles are granted
 //! what they use (`migrations/V2__roles.sql`).
+//!
+//! The migrations name their tables unqualified (V1..V3 are applied history:
+//! refinery checksums their text), so they run with `public` on the
+//! session's `search_path`, where unqualified functions and operators resolve
+//! too. [`migrate`] therefore first refuses a schema `public` in which anyone
+//! but its owner, the migrating user and superusers may create objects
+//! ([`UnsafeSchema`]): PostgreSQL 14 and earlier let every role create there,
+//! and a function created there with exact argument types would run as the
+//! migrating user.
 
 use anyhow::Context as _;
 use tokio_postgres::types::Type;
@@ -26,6 +35,10 @@ const MIGRATION_LOCK: i64 = 0x5745_4248_4f4f_4b31; // "WEBHOOK1"
 
 /// Where refinery records applied migrations.
 pub const HISTORY_TABLE: &str = "refinery_schema_history";
+
+/// The schema the migrations create everything in, and the services' statements
+/// name (`public.outbox`).
+pub const SCHEMA: &str = "public";
 
 /// The newest migration version this binary knows.
 pub fn expected_version() -> i32 {
@@ -57,8 +70,108 @@ pub(crate) const UNLOCK: Sql = Sql::new(
 )
 .returning(UNLOCK_COLUMNS);
 
+const SET_SEARCH_PATH_COLUMNS: &[Column] = &[col("search_path", Type::TEXT)];
+
+/// Sets the session's `search_path`.
+pub(crate) const SET_SEARCH_PATH: Sql = Sql::new(
+    "db/migrate/set_search_path.sql",
+    include_str!("migrate/set_search_path.sql"),
+    &[Type::TEXT],
+)
+.returning(SET_SEARCH_PATH_COLUMNS);
+
+const PUBLIC_SCHEMA_CREATORS_COLUMNS: &[Column] =
+    &[col("owner", Type::TEXT), col("creators", Type::TEXT_ARRAY)];
+
+/// The owner of schema `public`, and who else may create objects in it.
+pub(crate) const PUBLIC_SCHEMA_CREATORS: Sql = Sql::new(
+    "db/migrate/public_schema_creators.sql",
+    include_str!("migrate/public_schema_creators.sql"),
+    &[],
+)
+.returning(PUBLIC_SCHEMA_CREATORS_COLUMNS);
+
+/// Why [`migrate`] applied nothing: schema `public` is not one it may
+/// resolve names in. Each is one line saying what to run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UnsafeSchema {
+    #[error(
+        "schema {SCHEMA} does not exist, and the migrations create the tables there: \
+         create it (CREATE SCHEMA {SCHEMA};) and migrate again"
+    )]
+    Missing,
+    /// Roles other than the owner, the migrating user and superusers may
+    /// create objects in it: `PUBLIC` (every role), or the roles named.
+    #[error(
+        "{} may create objects in schema {SCHEMA}, so {} could shadow a function or operator \
+         the migrations call and run it as the migrating user: as the schema's owner ({owner}) \
+         or a superuser, run REVOKE CREATE ON SCHEMA {SCHEMA} FROM {}; then migrate again",
+        describe_creators(creators),
+        if creators.iter().any(|c| c == "PUBLIC") { "any role" } else { "they" },
+        creators.join(", ")
+    )]
+    Creators { owner: String, creators: Vec<String> },
+}
+
+fn describe_creators(creators: &[String]) -> String {
+    let roles: Vec<&str> = creators
+        .iter()
+        .map(String::as_str)
+        .filter(|c| *c != "PUBLIC")
+        .collect();
+    let public = creators.len() > roles.len();
+    match (public, roles.as_slice()) {
+        (true, []) => "PUBLIC (every role: the default before PostgreSQL 15)".to_owned(),
+        (true, roles) => format!(
+            "PUBLIC (every role: the default before PostgreSQL 15) and {}",
+            roles.join(", ")
+        ),
+        (false, [role]) => format!("role {role}"),
+        (false, roles) => format!("roles {}", roles.join(", ")),
+    }
+}
+
+/// Ok when nobody untrusted may create objects in schema `public`
+/// ([`PUBLIC_SCHEMA_CREATORS`]); run with the session's `search_path` at
+/// `pg_catalog`.
+async fn check_schema(client: &tokio_postgres::Client) -> anyhow::Result<()> {
+    let row = PUBLIC_SCHEMA_CREATORS
+        .query(client, &[])
+        .await
+        .context("reading who may create in schema public")?
+        .into_iter()
+        .next()
+        .ok_or(UnsafeSchema::Missing)?;
+    let creators: Vec<String> = row.get("creators");
+    if creators.is_empty() {
+        Ok(())
+    } else {
+        Err(UnsafeSchema::Creators {
+            owner: row.get("owner"),
+            creators,
+        }
+        .into())
+    }
+}
+
 /// Applies every pending migration; returns the versions applied now.
+///
+/// Refuses, applying nothing, when schema `public` lets anyone untrusted
+/// create objects in it ([`UnsafeSchema`]). Leaves the session's
+/// `search_path` at `public` (it was the session's to choose before).
 pub async fn migrate(client: &mut tokio_postgres::Client) -> anyhow::Result<Vec<i32>> {
+    // The check resolves nothing in a schema someone else may have written to.
+    SET_SEARCH_PATH
+        .query_one(&*client, &[&crate::connect::SEARCH_PATH])
+        .await
+        .context("setting the search_path")?;
+    check_schema(client).await?;
+    // The migrations create their tables unqualified: in `public`, first on
+    // the path (pg_catalog, not named, is still searched before it).
+    SET_SEARCH_PATH
+        .query_one(&*client, &[&SCHEMA])
+        .await
+        .context("setting the search_path")?;
     LOCK.execute(&*client, &[&MIGRATION_LOCK])
         .await
         .context("taking the migration lock")?;
@@ -120,7 +233,9 @@ pub(crate) const APPLIED_VERSION: Sql = Sql::new(
 
 /// Compares the applied migrations with the embedded ones.
 pub async fn schema_status(client: &(impl Executor + ?Sized)) -> Result<SchemaStatus, tokio_postgres::Error> {
-    let row = HISTORY_EXISTS.query_one(client, &[&HISTORY_TABLE]).await?;
+    let row = HISTORY_EXISTS
+        .query_one(client, &[&format!("{SCHEMA}.{HISTORY_TABLE}")])
+        .await?;
     if !row.get::<_, bool>("history_exists") {
         return Ok(SchemaStatus::Unmigrated);
     }
@@ -142,6 +257,36 @@ mod tests {
 
     #[test]
     fn the_version_is_read_from_refinerys_table() {
-        assert!(APPLIED_VERSION.text.contains(HISTORY_TABLE));
+        assert!(
+            APPLIED_VERSION
+                .text
+                .contains(&format!("{SCHEMA}.{HISTORY_TABLE}"))
+        );
+    }
+
+    #[test]
+    fn an_unsafe_schema_says_what_to_revoke_in_one_line() {
+        let public = UnsafeSchema::Creators {
+            owner: "postgres".into(),
+            creators: vec!["PUBLIC".into()],
+        }
+        .to_string();
+        assert!(
+            public.contains("REVOKE CREATE ON SCHEMA public FROM PUBLIC;"),
+            "{public}"
+        );
+        assert!(public.contains("(postgres)"), "{public}");
+        let roles = UnsafeSchema::Creators {
+            owner: "webhooks_owner".into(),
+            creators: vec!["PUBLIC".into(), "keda_app".into(), "\"Odd\"".into()],
+        }
+        .to_string();
+        assert!(
+            roles.contains("REVOKE CREATE ON SCHEMA public FROM PUBLIC, keda_app, \"Odd\";"),
+            "{roles}"
+        );
+        for message in [public, roles, UnsafeSchema::Missing.to_string()] {
+            assert!(!message.contains('\n'), "{message}");
+        }
     }
 }

@@ -1,5 +1,7 @@
 //! The database half of `/readyz`, shared by both services: the database
-//! answers, and its schema is the one this binary needs.
+//! answers, its sessions resolve names in `pg_catalog` alone
+//! ([`crate::connect::SEARCH_PATH`]), and its schema is the one this binary
+//! needs.
 
 use std::time::Duration;
 
@@ -13,6 +15,15 @@ use crate::sql::{Column, Sql, col};
 /// the admin port. The detail goes to the log.
 pub const UNAVAILABLE: &str = "database unavailable";
 
+/// What `/readyz` answers when the service's sessions resolve names anywhere
+/// but `pg_catalog`: the login role sets no `search_path = pg_catalog` and
+/// the startup options that set it did not arrive (a transaction-mode
+/// pooler, or a pooler told to ignore them). Not ready rather than a warning:
+/// such a session calls whatever function or operator a role that may create
+/// in a schema on its path put there. Fixed text; the role and its path go to
+/// the log.
+pub const UNSAFE_SEARCH_PATH: &str = "database search_path not pinned to pg_catalog";
+
 /// Why the database is not ready: what the client is told, and the detail
 /// that only the log gets.
 struct NotReady {
@@ -20,9 +31,11 @@ struct NotReady {
     detail: String,
 }
 
-/// Ok when a pooled connection answers within 2 s and the schema is current.
-/// Else a short reason for the client: [`UNAVAILABLE`], or the schema's
-/// state (not migrated, behind); the error's detail is logged (warn).
+/// Ok when a pooled connection answers within 2 s, its session resolves
+/// names in `pg_catalog` alone, and the schema is current. Else a short
+/// reason for the client: [`UNAVAILABLE`], [`UNSAFE_SEARCH_PATH`], or the
+/// schema's state (not migrated, behind); the error's detail is logged
+/// (warn).
 pub async fn check(pool: &Pool) -> Result<(), String> {
     probe(pool).await.map_err(|e| {
         if e.detail != e.public {
@@ -41,6 +54,23 @@ async fn probe(pool: &Pool) -> Result<(), NotReady> {
         .await
         .map_err(|_| unavailable("no connection within 2s".to_owned()))?
         .map_err(|e| unavailable(format!("database unreachable: {e}")))?;
+    let settings = ROLE_SETTINGS
+        .query_one(&client, &[])
+        .await
+        .map_err(|e| unavailable(format!("session settings: {e}")))?;
+    let schemas: Vec<String> = settings.get("schemas");
+    if !is_pinned(&schemas) {
+        let (role, path): (String, String) = (settings.get("role"), settings.get("search_path"));
+        return Err(NotReady {
+            public: UNSAFE_SEARCH_PATH.to_owned(),
+            detail: format!(
+                "the session of role {role} resolves names in {schemas:?} (search_path {path}), \
+                 where a role that may create objects can shadow what our statements call: \
+                 ALTER ROLE {role} SET search_path = pg_catalog (deploy/sql/roles.sql); \
+                 it applies to sessions opened after it"
+            ),
+        });
+    }
     match crate::schema_status(&client).await {
         Ok(crate::SchemaStatus::Current) => Ok(()),
         Ok(status) => Err(NotReady {
@@ -51,10 +81,22 @@ async fn probe(pool: &Pool) -> Result<(), NotReady> {
     }
 }
 
-const ROLE_SETTINGS_COLUMNS: &[Column] = &[col("statement_timeout", Type::TEXT), col("role", Type::TEXT)];
+/// Whether a session resolving names in `schemas` (`current_schemas(false)`)
+/// finds functions and operators in `pg_catalog` alone.
+fn is_pinned(schemas: &[String]) -> bool {
+    schemas.iter().all(|s| s == crate::connect::SEARCH_PATH)
+}
 
-/// The login role's own `statement_timeout`: what bounds a statement when
-/// no startup `options` can (a transaction-mode pooler).
+const ROLE_SETTINGS_COLUMNS: &[Column] = &[
+    col("statement_timeout", Type::TEXT),
+    col("role", Type::TEXT),
+    col("search_path", Type::TEXT),
+    col("schemas", Type::TEXT_ARRAY),
+];
+
+/// The session's `statement_timeout` and `search_path`: behind a
+/// transaction-mode pooler, which passes no startup `options`, the login
+/// role's own.
 pub(crate) const ROLE_SETTINGS: Sql = Sql::new(
     "db/ready/role_settings.sql",
     include_str!("ready/role_settings.sql"),
@@ -64,7 +106,9 @@ pub(crate) const ROLE_SETTINGS: Sql = Sql::new(
 
 /// Says once, in one line, when the database is not ready at start-up, and
 /// again when it becomes ready (no restart needed). Behind a transaction-mode
-/// pooler, also says when the role sets no `statement_timeout`.
+/// pooler, also says when the role sets no `statement_timeout` (a warning:
+/// statements are then unbounded, nothing worse; an unpinned `search_path`
+/// keeps the service unready instead, see [`UNSAFE_SEARCH_PATH`]).
 pub async fn announce(pool: Pool) {
     let mut complained = false;
     loop {
@@ -98,5 +142,21 @@ async fn warn_without_role_timeout(pool: &Pool) {
                  statements are unbounded on the server (ALTER ROLE {role} SET statement_timeout = ...)"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_path_of_pg_catalog_alone_is_pinned() {
+        let path = |s: &[&str]| s.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        assert!(is_pinned(&path(&["pg_catalog"])));
+        // No schema on the path at all: only the implicit pg_catalog resolves.
+        assert!(is_pinned(&path(&[])));
+        assert!(!is_pinned(&path(&["public"])));
+        assert!(!is_pinned(&path(&["pg_catalog", "public"])));
+        assert!(!is_pinned(&path(&["public", "pg_catalog"])));
     }
 }

@@ -86,14 +86,19 @@ impl TestDb {
             .await
             .expect("creating a database");
         let url = url_with_dbname(&admin_url, &name);
+        secure_public_schema(&admin.with_dbname(&name))
+            .await
+            .expect("revoking CREATE on schema public from PUBLIC");
         Self { name, url, admin_url }
     }
 
-    /// A plain connection to any database URL.
+    /// A plain connection to any database URL, resolving unqualified names
+    /// the server's default way (`"$user", public`, whatever the role sets):
+    /// tests write `FROM outbox`. The services pin theirs (`db::SEARCH_PATH`).
     pub async fn connect_url(url: &str) -> tokio_postgres::Client {
         db::Database::parse(url)
             .expect("database url")
-            .connect("test")
+            .connect_with_default_search_path("test")
             .await
             .expect("connecting")
     }
@@ -108,10 +113,10 @@ impl TestDb {
         db::Database::parse(&self.url).expect("test database url")
     }
 
-    /// A plain connection to this database.
+    /// A plain connection to this database, as [`TestDb::connect_url`].
     pub async fn client(&self) -> tokio_postgres::Client {
         self.database()
-            .connect("test")
+            .connect_with_default_search_path("test")
             .await
             .expect("connecting to the test database")
     }
@@ -139,6 +144,18 @@ impl Drop for TestDb {
         })
         .join();
     }
+}
+
+/// What deploy/sql/roles.sql does, and `migrate` requires: PUBLIC may not
+/// create in schema `public` of a new database. Already so since PostgreSQL
+/// 15; before, a test server's `template1` still grants it.
+pub(crate) async fn secure_public_schema(database: &db::Database) -> anyhow::Result<()> {
+    database
+        .connect("testkit")
+        .await?
+        .batch_execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+        .await
+        .context("REVOKE CREATE ON SCHEMA public FROM PUBLIC (as the schema's owner or a superuser)")
 }
 
 /// FNV-1a: a hash that stays the same across builds and toolchains.
@@ -201,6 +218,7 @@ async fn ensure_template(
         client
             .batch_execute(&format!("CREATE DATABASE {building}"))
             .await?;
+        secure_public_schema(&admin.with_dbname(&building)).await?;
         {
             let mut c = admin.with_dbname(&building).connect("testkit").await?;
             db::migrate(&mut c).await.context("migrating the template")?;

@@ -49,30 +49,52 @@ impl Role {
     }
 
     /// Role-level settings, as deploy/sql/roles.sql recommends: what bounds
-    /// statements when no startup options can (a transaction-mode pooler).
+    /// statements, and pins the `search_path`, when no startup options can
+    /// (a transaction-mode pooler).
     fn settings(self) -> &'static [(&'static str, &'static str)] {
         match self {
             Self::Ingest => &[
                 ("statement_timeout", "5s"),
                 ("client_connection_check_interval", "250ms"),
+                ("search_path", "pg_catalog"),
             ],
-            Self::Relay => &[("statement_timeout", "30s"), ("synchronous_commit", "off")],
+            Self::Relay => &[
+                ("statement_timeout", "30s"),
+                ("synchronous_commit", "off"),
+                ("search_path", "pg_catalog"),
+            ],
             Self::Monitor => &[
                 ("statement_timeout", "5s"),
                 ("default_transaction_read_only", "on"),
+                ("search_path", "pg_catalog"),
             ],
         }
     }
 
     /// Creates the group (when no migration did yet) and the login user,
-    /// unless they exist. Safe against a concurrent run of itself: a
-    /// creation that loses the race is a no-op.
+    /// unless they exist, and gives the user each of its settings it lacks
+    /// (a user made by an older testkit misses the newer ones). Safe against
+    /// a concurrent run of itself: a creation or a setting that loses the
+    /// race is a no-op.
     fn ensure_sql(self) -> String {
         let (group, login) = (self.group(), self.login());
         let settings: String = self
             .settings()
             .iter()
-            .map(|(k, v)| format!("ALTER ROLE {login} SET {k} = '{v}';\n"))
+            .map(|(k, v)| {
+                format!(
+                    "    IF NOT EXISTS (SELECT FROM pg_db_role_setting
+                    WHERE setrole = '{login}'::regrole AND setdatabase = 0
+                      AND '{k}={v}' = ANY (setconfig)) THEN
+        BEGIN
+            ALTER ROLE {login} SET {k} = '{v}';
+        -- A concurrent run set it first (a new row, or an updated one).
+        EXCEPTION WHEN unique_violation OR internal_error THEN NULL;
+        END;
+    END IF;
+"
+                )
+            })
             .collect();
         format!(
             "DO $$
@@ -86,11 +108,10 @@ BEGIN
     IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{login}') THEN
         BEGIN
             CREATE ROLE {login} LOGIN PASSWORD '{ROLE_PASSWORD}' IN ROLE {group};
-            {settings}
         EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
         END;
     END IF;
-END
+{settings}END
 $$;"
         )
     }

@@ -1,4 +1,4 @@
 -- The newest migration version applied to this database (0 when none).
 -- No parameters.
 SELECT coalesce(max(version), 0)::int4 AS applied_version
-FROM refinery_schema_history
+FROM public.refinery_schema_history

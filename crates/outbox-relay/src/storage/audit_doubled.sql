@@ -3,7 +3,7 @@
 -- that a report can say so.
 SELECT count(*) AS doubled
   FROM (SELECT 1
-          FROM outbox
+          FROM public.outbox
          WHERE created_at >= now() - $1 * interval '1 second'
          GROUP BY kind, order_id
         HAVING count(*) > 1) AS pairs

@@ -4,19 +4,19 @@
 -- the pending row next in line (earliest due, the first entry of the due
 -- index), 0 when none; rows dead are few. No parameters.
 WITH pending AS (
-  SELECT 1 FROM outbox WHERE status = 'pending'
+  SELECT 1 FROM public.outbox WHERE status = 'pending'
    ORDER BY available_at, id LIMIT 100000
 ), due AS (
-  SELECT 1 FROM outbox
+  SELECT 1 FROM public.outbox
    WHERE status = 'pending' AND available_at <= now()
      AND (leased_until IS NULL OR leased_until <= now())
    ORDER BY available_at, id LIMIT 100000
 ), next_in_line AS (
-  SELECT created_at FROM outbox WHERE status = 'pending'
+  SELECT created_at FROM public.outbox WHERE status = 'pending'
    ORDER BY available_at, id LIMIT 1
 )
 SELECT (SELECT count(*) FROM pending) AS pending,
        coalesce((SELECT extract(epoch FROM now() - created_at) FROM next_in_line), 0)::float8
          AS oldest_pending_age_seconds,
-       (SELECT count(*) FROM outbox WHERE status = 'dead') AS dead,
+       (SELECT count(*) FROM public.outbox WHERE status = 'dead') AS dead,
        (SELECT count(*) FROM due) AS due

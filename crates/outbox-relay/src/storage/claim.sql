@@ -11,14 +11,14 @@
 -- claimed without an outcome ever recorded is a poison row: it goes dead here,
 -- keeping its last error, and is not returned.
 WITH due AS (
-    SELECT id FROM outbox
+    SELECT id FROM public.outbox
      WHERE status = 'pending' AND available_at <= now()
        AND (leased_until IS NULL OR leased_until <= now())
      ORDER BY available_at, id
      LIMIT $1
        FOR UPDATE SKIP LOCKED
 ), claimed AS (
-    UPDATE outbox AS o
+    UPDATE public.outbox AS o
        SET lease_owner = CASE WHEN o.attempts < $4 THEN $2 END,
            leased_until = CASE WHEN o.attempts < $4 THEN now() + $3::int8 * interval '1 millisecond' END,
            attempts = o.attempts + CASE WHEN o.attempts < $4 THEN 1 ELSE 0 END,

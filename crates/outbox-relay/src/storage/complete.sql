@@ -8,7 +8,7 @@
 -- attempt. A row a refund cancelled while it was held stays cancelled unless
 -- the verdict is `done` (the call under way succeeded: the row records that it
 -- shipped). Returns each recorded row's new status and its age (enqueue to now).
-UPDATE outbox AS o
+UPDATE public.outbox AS o
    SET status = CASE
                   WHEN o.status = 'cancelled' THEN CASE v.verdict WHEN 'done' THEN 'done' ELSE 'cancelled' END
                   WHEN v.verdict IN ('done', 'dead') THEN v.verdict

@@ -1,5 +1,5 @@
 -- Rows by status and kind, for `stats`. No parameters.
 SELECT status, kind, count(*) AS row_count
-  FROM outbox
+  FROM public.outbox
  GROUP BY status, kind
  ORDER BY status, kind

@@ -6,9 +6,9 @@
 WITH lock AS (
     SELECT pg_try_advisory_xact_lock($3) AS held
 ), pruned AS (
-    DELETE FROM processed_events
+    DELETE FROM public.processed_events
      WHERE (SELECT held FROM lock) AND event_id IN (
-           SELECT event_id FROM processed_events
+           SELECT event_id FROM public.processed_events
             WHERE processed_at < now() - $1 * interval '1 day'
             ORDER BY processed_at
             LIMIT $2)

@@ -7,9 +7,9 @@
 WITH lock AS (
     SELECT pg_try_advisory_xact_lock($3) AS held
 ), pruned AS (
-    DELETE FROM outbox
+    DELETE FROM public.outbox
      WHERE (SELECT held FROM lock) AND id IN (
-           SELECT id FROM outbox
+           SELECT id FROM public.outbox
             WHERE status IN ('done', 'cancelled') AND finished_at < now() - $1 * interval '1 day'
             ORDER BY finished_at
             LIMIT $2)

@@ -2,7 +2,7 @@
 -- in the same transaction (one notification, only when a row was requeued).
 -- $1 the row's id, or NULL for every dead row; $2 the NOTIFY channel.
 WITH requeued AS (
-    UPDATE outbox
+    UPDATE public.outbox
        SET status = 'pending', available_at = now(), attempts = 0,
            lease_owner = NULL, leased_until = NULL, finished_at = NULL
      WHERE status = 'dead' AND ($1::int8 IS NULL OR id = $1)

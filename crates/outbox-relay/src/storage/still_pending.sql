@@ -2,5 +2,5 @@
 -- refund may have cancelled a shipment while it waited for a call slot.
 -- $1 outbox id, $2 lease owner, $3 the claim's number (`claims`).
 SELECT count(*) AS held
-  FROM outbox
+  FROM public.outbox
  WHERE id = $1 AND lease_owner = $2 AND claims = $3 AND status = 'pending'

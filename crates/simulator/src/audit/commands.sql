@@ -3,7 +3,7 @@
 SELECT kind,
        status,
        count(*) AS commands
-FROM outbox
+FROM public.outbox
 WHERE $1::float8 IS NULL
    OR created_at >= now() - make_interval(secs => $1::float8)
 GROUP BY kind, status

@@ -8,7 +8,7 @@ SELECT order_id,
        (extract(epoch FROM min(processed_at)) * 1000000)::bigint AS first_processed_us,
        bool_or($1::float8 IS NULL
                OR processed_at >= now() - make_interval(secs => $1::float8)) AS in_window
-FROM processed_events
+FROM public.processed_events
 WHERE order_id IS NOT NULL
   AND ((event_type = 'payment.succeeded' AND status = 'processed')
        OR (event_type = 'payment.refunded' AND status = 'refunded'))

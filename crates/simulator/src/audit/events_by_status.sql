@@ -4,7 +4,7 @@
 SELECT status,
        count(*) AS events,
        sum(deliveries)::int8 AS deliveries
-FROM processed_events
+FROM public.processed_events
 WHERE $1::float8 IS NULL
    OR processed_at >= now() - make_interval(secs => $1::float8)
 GROUP BY status
