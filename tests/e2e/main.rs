@@ -13,6 +13,7 @@ mod per_order;
 mod pooler;
 mod roles;
 mod run_demo;
+mod search_path;
 mod send_webhook;
 mod statements;
 mod tls;

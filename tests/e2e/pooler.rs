@@ -137,6 +137,18 @@ async fn both_services_keep_exactly_once_through_pgbouncer_in_transaction_mode()
         Some("5s"),
         "statement_timeout from ALTER ROLE ... SET"
     );
+    // And so does the search_path the services' statements resolve names in
+    // (the pooler dropped the test's own `-c search_path=...`).
+    let shown = client.simple_query("SHOW search_path").await.unwrap();
+    let path = shown.iter().find_map(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
+        _ => None,
+    });
+    assert_eq!(
+        path.as_deref(),
+        Some("pg_catalog"),
+        "search_path from ALTER ROLE ... SET"
+    );
     let (ok, out, err) = run(
         "webhook-ingest",
         &through,
