@@ -239,6 +239,7 @@ async fn record(
                 return Ok(recorded);
             }
             Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+                state.metrics.lock_waits.inc();
                 if tries == 1 {
                     tracing::info!("the order is locked; waiting without a connection, then trying again");
                 }

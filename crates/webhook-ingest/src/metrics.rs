@@ -17,6 +17,9 @@ pub struct OutcomeLabel {
 pub struct IngestMetrics {
     pub requests: Family<OutcomeLabel, Counter>,
     pub duration: Histogram,
+    /// Tries of the record statement that found their order locked past the
+    /// session's `lock_timeout` (each then waited with no connection).
+    pub lock_waits: Counter,
 }
 
 /// Buckets from 0.5 ms to the longest deadline worth having: the interesting
@@ -30,6 +33,7 @@ impl IngestMetrics {
         let metrics = Self {
             requests: Family::default(),
             duration: Histogram::new(DURATION_BUCKETS),
+            lock_waits: Counter::default(),
         };
         registry.register(
             "webhook_requests",
@@ -40,6 +44,11 @@ impl IngestMetrics {
             "webhook_request_duration_seconds",
             "Time from the request's arrival to the response, in seconds",
             metrics.duration.clone(),
+        );
+        registry.register(
+            "webhook_order_lock_waits",
+            "Tries that found their order locked for longer than lock_timeout, and waited with no connection",
+            metrics.lock_waits.clone(),
         );
         metrics
     }

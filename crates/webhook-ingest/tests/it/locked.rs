@@ -25,6 +25,20 @@ async fn hold_order_lock(app: &TestApp, id: i64) -> tokio_postgres::Client {
     blocker
 }
 
+/// `webhook_order_lock_waits_total`, read from the admin port.
+async fn lock_waits(app: &TestApp) -> f64 {
+    let text = app
+        .http
+        .get(format!("{}/metrics", app.admin_url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    testkit::metrics::Metrics::parse(&text).get("webhook_order_lock_waits_total", &[])
+}
+
 /// Posts `body` and returns its status, whether it was a replay, and its
 /// JSON `status`.
 async fn deliver(app: &TestApp, body: String) -> (u16, bool, String) {
@@ -83,6 +97,7 @@ async fn a_redelivery_is_answered_while_its_order_is_locked() {
         2,
         "no second effect"
     );
+    assert_eq!(lock_waits(&app).await, 0.0, "no redelivery waited for the lock");
 }
 
 /// Eight distinct events of a locked order (more than the pool's
@@ -156,6 +171,15 @@ async fn a_locked_order_ties_up_no_connection_that_other_orders_need() {
         "the waiting deliveries are still waiting for the lock"
     );
     assert_eq!(app.order_status(1).await, "pending");
+    // Their tries are counted, as they go on waiting.
+    let started = std::time::Instant::now();
+    while lock_waits(&app).await < 8.0 {
+        assert!(
+            started.elapsed() < HANG,
+            "the waiting deliveries' tries are counted"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 
     blocker.batch_execute("COMMIT").await.unwrap();
     let mut outcomes = Vec::new();
