@@ -1,8 +1,8 @@
 """`make bench`: the benchmark report of docs/BENCHMARK.md, measured in ONE run on ONE
 Postgres server (DATABASE_URL, an admin URL allowed to CREATE DATABASE).
 
-    make bench                  # full: about 8 minutes
-    BENCH_QUICK=1 make bench    # quick: under 2 minutes, smaller sizes, same keys
+    make bench                  # full: about 9 minutes
+    BENCH_QUICK=1 make bench    # quick: under 3 minutes, smaller sizes, same keys
 
 What it does, in order (each phase's wall time is in the report):
 
@@ -20,6 +20,11 @@ What it does, in order (each phase's wall time is in the report):
  5. peer      graphile-worker draining as many no-op jobs (bench_peer).
  6. e2e       webhook accepted -> downstream effect, idle (events one by one)
               and while a provider load runs at half of peak.
+ 6b. db_cpu   Postgres CPU (every server process, /proc) per webhook: the ingest at
+              half of peak with a relay delivering, then pgbench at the same rate
+              on the naive and the one-statement designs (ingest and relay
+              scripts 25:1), each until nothing is pending; two rounds, the
+              second in the reverse order.
  7. tracing   a short 64-sender run with and without OTLP export (to a local sink).
  7b. relay_log the relay's log line per call (docs/CONTRACT.md, section 8): drains with it on
               (the default level) and off (RUST_LOG=warn), alternated on, off,
@@ -51,7 +56,7 @@ Layout:
   services    the downstream, the ingest and the relay as processes
   load        `simulator provider` runs and their summaries
   runner      the phases in order, their errors and wall times
-  prepare, ingest, relay, peer, e2e, tracing, relay_log, prune, growth
+  prepare, ingest, relay, peer, e2e, db_cpu, tracing, relay_log, prune, growth
               one module per phase (ingest also has the half-load phase)
   report      targets, tables, report.json and report.md
 """

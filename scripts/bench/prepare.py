@@ -27,7 +27,8 @@ def run(bench: Bench) -> None:
     for tool in ("psql", "pgbench", "node", "npm"):
         if not shutil.which(tool):
             raise BenchError(f"`{tool}` is not on PATH; the bench needs it")
-    for f in ("schema.sql", "reference-ingest.sql", "reference-ingest-one-statement.sql", "peer/peer.js"):
+    for f in ("schema.sql", "reference-ingest.sql", "reference-ingest-one-statement.sql", "reference-relay.sql",
+              "reference-relay-one-statement.sql", "peer/peer.js"):
         if not (BENCH_REFERENCES / f).exists():
             raise BenchError(f"{BENCH_REFERENCES / f} is missing")
     # The three databases, the peer's dependencies: in parallel, nothing is measured yet.

@@ -8,7 +8,7 @@ import os
 import time
 import traceback
 
-from . import backlog, e2e, growth, ingest, peer, prepare, prune, relay, relay_log, tracing
+from . import backlog, db_cpu, e2e, growth, ingest, peer, prepare, prune, relay, relay_log, tracing
 from .config import CONCURRENCIES, CFG, LOGS, ONLY, BenchError, log
 from .db import Db, Product, Reference
 from .services import Service, Services
@@ -84,6 +84,7 @@ class Bench:
         self.phase("peer", peer.run)
         self.phase("e2e", e2e.run)
         self.record_rss()
+        self.phase("db_cpu", db_cpu.run)
         self.phase("tracing", tracing.run)
         self.phase("relay_log", relay_log.run)
         self.phase("prune", prune.run)
