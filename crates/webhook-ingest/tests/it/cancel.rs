@@ -10,7 +10,10 @@ use std::time::Duration;
 use futures_util::StreamExt as _;
 use testkit::{PrivateCluster, Role};
 
-use crate::helpers::{SECRET, TestApp, event, now, spawn_app_on, spawn_app_with, standard_headers};
+use crate::helpers::{
+    SECRET, TestApp, WAITING_FOR_A_LOCK, event, hold_order_lock, now, spawn_app_on, spawn_app_with,
+    standard_headers,
+};
 
 /// Generous: only bounds a hang. A cancelled statement ends in milliseconds.
 const HANG: Duration = Duration::from_secs(15);
@@ -19,21 +22,6 @@ const HANG: Duration = Duration::from_secs(15);
 const RECORDING: &str = "SELECT count(*) FROM pg_stat_activity
     WHERE datname = current_database() AND usename = 'webhook_test_ingest'
       AND state = 'active' AND query LIKE '%INSERT INTO public.processed_events%'";
-
-/// Ingest sessions of the test's database waiting for a lock.
-const WAITING: &str = "SELECT count(*) FROM pg_stat_activity
-    WHERE datname = current_database() AND usename = 'webhook_test_ingest'
-      AND wait_event_type = 'Lock'";
-
-/// Holds order `id`'s row lock, as a concurrent event for that order would.
-async fn hold_order_lock(url: &str, id: i64) -> tokio_postgres::Client {
-    let blocker = testkit::TestDb::connect_url(url).await;
-    blocker
-        .batch_execute(&format!("BEGIN; SELECT * FROM orders WHERE id = {id} FOR UPDATE"))
-        .await
-        .unwrap();
-    blocker
-}
 
 async fn assert_503_with_retry_after(response: reqwest::Response) {
     assert_eq!(response.status(), 503);
@@ -143,7 +131,7 @@ async fn over_tls_with_no_server_backstop_only_the_cancel_ends_the_statement() {
     let body = event("evt_abandoned", "payment.succeeded", "pay_1");
     assert_503_with_retry_after(app.post(&body).await).await;
     // Without the cancel the statement would wait on the lock for ever.
-    testkit::wait_for_count(&app.client, WAITING, 0, HANG).await;
+    testkit::wait_for_count(&app.client, WAITING_FOR_A_LOCK, 0, HANG).await;
     blocker.batch_execute("COMMIT").await.unwrap();
     assert_not_processed_until_retried(&app, &body).await;
     let sessions = app

@@ -106,6 +106,41 @@ pub fn standard_headers(secret: &str, ts: i64, body: &str) -> Vec<(&'static str,
     ]
 }
 
+/// Posts `body` to the ingest at `url` with `headers`: [`TestApp::post_with`]
+/// for a task that holds only the client and the URL.
+pub async fn post_to(
+    http: &reqwest::Client,
+    url: &str,
+    body: &str,
+    headers: &[(&'static str, String)],
+) -> reqwest::Response {
+    let mut req = http
+        .post(format!("{url}/webhooks/payments"))
+        .header("content-type", "application/json")
+        .body(body.to_owned());
+    for (k, v) in headers {
+        req = req.header(*k, v);
+    }
+    req.send().await.expect("request sent")
+}
+
+/// The ingest's sessions of the test's database waiting for a lock.
+pub const WAITING_FOR_A_LOCK: &str = "SELECT count(*) FROM pg_stat_activity
+    WHERE datname = current_database() AND usename = 'webhook_test_ingest'
+      AND wait_event_type = 'Lock'";
+
+/// Holds order `id`'s row lock in a transaction of its own on the database
+/// at `url`, as a shop's transaction (or a concurrent event) would; the lock
+/// goes with the transaction's end.
+pub async fn hold_order_lock(url: &str, id: i64) -> tokio_postgres::Client {
+    let blocker = TestDb::connect_url(url).await;
+    blocker
+        .batch_execute(&format!("BEGIN; SELECT * FROM orders WHERE id = {id} FOR UPDATE"))
+        .await
+        .unwrap();
+    blocker
+}
+
 impl TestApp {
     /// Posts `body` signed as a provider would, now.
     pub async fn post(&self, body: &str) -> reqwest::Response {
@@ -113,15 +148,7 @@ impl TestApp {
     }
 
     pub async fn post_with(&self, body: &str, headers: &[(&'static str, String)]) -> reqwest::Response {
-        let mut req = self
-            .http
-            .post(format!("{}/webhooks/payments", self.url))
-            .header("content-type", "application/json")
-            .body(body.to_owned());
-        for (k, v) in headers {
-            req = req.header(*k, v);
-        }
-        req.send().await.expect("request sent")
+        post_to(&self.http, &self.url, body, headers).await
     }
 
     pub async fn insert_order(&self, id: i64, payment_id: &str, status: &str) {

@@ -10,20 +10,13 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 
-use crate::helpers::{SECRET, TestApp, event, now, spawn_app_with, standard_headers};
+use crate::helpers::{
+    SECRET, TestApp, WAITING_FOR_A_LOCK, event, hold_order_lock, now, post_to, spawn_app_with,
+    standard_headers,
+};
 
 /// Generous: only bounds a hang.
 const HANG: Duration = Duration::from_secs(30);
-
-/// Holds order `id`'s row lock, as a shop's transaction would.
-async fn hold_order_lock(app: &TestApp, id: i64) -> tokio_postgres::Client {
-    let blocker = testkit::TestDb::connect_url(&app.db.as_ref().unwrap().url).await;
-    blocker
-        .batch_execute(&format!("BEGIN; SELECT * FROM orders WHERE id = {id} FOR UPDATE"))
-        .await
-        .unwrap();
-    blocker
-}
 
 /// `webhook_order_lock_waits_total`, read from the admin port.
 async fn lock_waits(app: &TestApp) -> f64 {
@@ -47,14 +40,7 @@ async fn deliver(app: &TestApp, body: String) -> (u16, bool, String) {
 
 /// [`deliver`], from a task of its own.
 async fn deliver_to(http: &reqwest::Client, url: &str, body: &str) -> (u16, bool, String) {
-    let mut request = http
-        .post(format!("{url}/webhooks/payments"))
-        .header("content-type", "application/json")
-        .body(body.to_owned());
-    for (k, v) in standard_headers(SECRET, now(), body) {
-        request = request.header(k, v);
-    }
-    let response = request.send().await.expect("request sent");
+    let response = post_to(http, url, body, &standard_headers(SECRET, now(), body)).await;
     let status = response.status().as_u16();
     let replayed = response.headers().contains_key("idempotent-replayed");
     let v: serde_json::Value = response.json().await.unwrap_or_default();
@@ -74,7 +60,7 @@ async fn a_redelivery_is_answered_while_its_order_is_locked() {
         (200, false, "processed".into())
     );
 
-    let blocker = hold_order_lock(&app, 1).await;
+    let blocker = hold_order_lock(&app.db.as_ref().unwrap().url, 1).await;
     let redeliveries = tokio::time::timeout(HANG, join_all((0..10).map(|_| deliver(&app, body.clone()))))
         .await
         .expect("the redeliveries were answered");
@@ -113,7 +99,7 @@ async fn a_locked_order_ties_up_no_connection_that_other_orders_need() {
     for id in 1..=41 {
         app.insert_order(id, &format!("pay_{id}"), "pending").await;
     }
-    let blocker = hold_order_lock(&app, 1).await;
+    let blocker = hold_order_lock(&app.db.as_ref().unwrap().url, 1).await;
 
     let waiting: Vec<_> = (0..8)
         .map(|i| {
@@ -128,14 +114,7 @@ async fn a_locked_order_ties_up_no_connection_that_other_orders_need() {
         .collect();
     // The eight have reached the database, and found the lock.
     let started = std::time::Instant::now();
-    while app
-        .count(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
-               AND usename = 'webhook_test_ingest' AND wait_event_type = 'Lock'",
-        )
-        .await
-        == 0
-    {
+    while app.count(WAITING_FOR_A_LOCK).await == 0 {
         assert!(
             started.elapsed() < HANG,
             "the waiting deliveries never reached the lock"
