@@ -74,7 +74,7 @@ class WaitSampler:
 def run(bench: Bench) -> None:
     """Retention under load: old done outbox rows and processed events, then
     the ingest at half of peak (open loop) for a baseline window, then at the
-    same rate while `outbox-relay prune` deletes them (1,000 rows per
+    same rate while `outbox-relay prune` deletes them (250 rows per
     statement); that window's load stops when the prune ends."""
     peak = bench.peak_rps()
     rate = peak / 2 / (1 + DUPLICATE_RATE)

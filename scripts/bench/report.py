@@ -181,8 +181,8 @@ NOTES = [
     "No VACUUM between the three one-relay drains; the two-relay drain follows a VACUUM ANALYZE.",
     "Retention under load: the prune phase makes old done outbox rows and processed events (past "
     "RETENTION_DAYS), vacuums and checkpoints, then runs the ingest at half of peak (open loop, no relay) "
-    "for a baseline window and again while `outbox-relay prune` deletes them (1,000 rows per statement, "
-    "outbox first); that window starts 0.5 s before the prune and stops when it exits. Before each window "
+    "for a baseline window and again while `outbox-relay prune` deletes them (250 rows per statement, "
+    "resting as long again after each, outbox first); that window starts 0.5 s before the prune and stops when it exits. Before each window "
     "every order is pending again and the outbox has no pending row (vacuumed, checkpointed). prune_secs "
     "is the prune process's wall time; details.prune has, per window, the WAL written and checkpoints "
     "(cluster-wide), autovacuums of the two tables and what the ingest's backends waited on "
