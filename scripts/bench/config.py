@@ -57,7 +57,7 @@ else:
         growth_outbox_done=1_000_000,
         prune_outbox_rows=1_000_000,
         prune_events=1_000_000,
-        prune_timeout_secs=240,
+        prune_timeout_secs=600,
         product_history=50_000,
         budget_secs=650,  # db_cpu takes about 90 s of it
     )
