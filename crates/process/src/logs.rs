@@ -97,15 +97,7 @@ impl Visit for EventVisitor {
         self.put(field, value.into());
     }
     fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
-        // The whole cause chain, on one line.
-        let mut text = value.to_string();
-        let mut source = value.source();
-        while let Some(s) = source {
-            text.push_str(": ");
-            text.push_str(&s.to_string());
-            source = s.source();
-        }
-        self.put(field, text.into());
+        self.put(field, error_chain(value).into());
     }
     fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
         self.put(field, format!("{value:?}").into());
@@ -246,5 +238,31 @@ pub fn init(format: LogFormat) {
     };
     if result.is_err() {
         tracing::debug!("a global subscriber was already installed");
+    }
+}
+
+/// An error and its causes, on one line (`a: b: c`): what a log line says
+/// of an error, so that "db error" comes with what the server said.
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_chain_names_every_cause() {
+        let cause = std::io::Error::other("the database system is starting up");
+        let error = anyhow::Error::new(cause).context("db error");
+        let error: &(dyn std::error::Error + 'static) = error.as_ref();
+        assert_eq!(error_chain(error), "db error: the database system is starting up");
     }
 }

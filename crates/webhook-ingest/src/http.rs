@@ -252,7 +252,9 @@ async fn record(
                 }
                 tokio::time::sleep(pause).await;
             }
-            Err(e) if is_retryable(&e) => return Err(IngestError::Unavailable(e.to_string())),
+            Err(e) if is_retryable(&e) => {
+                return Err(IngestError::Unavailable(process::logs::error_chain(&e)));
+            }
             Err(e) => return Err(anyhow::Error::new(e).context("recording the event").into()),
         }
     }
@@ -279,7 +281,7 @@ async fn try_record(
     let client = timeout_at(deadline, state.pool.get())
         .await
         .map_err(|_| IngestError::Deadline)?
-        .map_err(|e| IngestError::Unavailable(e.to_string()))?;
+        .map_err(|e| IngestError::Unavailable(process::logs::error_chain(&e)))?;
     // Taken now: once the statement is sent, its connection belongs to it.
     let session = state.canceller.session_of(&client);
     // Database client span (semantic conventions): the one statement, as far
