@@ -126,6 +126,11 @@ def main() -> int:
             report.check(f"[{r.label}] the migration runs the deployed release; no Secret rendered", code.check_release(objs, ours))
         if any(o.get("kind") == "NetworkPolicy" for o in objs):
             report.check(f"[{r.label}] NetworkPolicies reach 5432 and 443 only at the overlay's configured ranges", egress.check_egress(objs))
+            broken = egress.breakages(objs)
+            missed = [f"a rule opened to {what} passed the check" for what, b in broken if not egress.check_egress(b)]
+            if broken:
+                report.check(f"[{r.label}] the egress check fails a rule opened to any address, 0.0.0.0/0, a placeholder, a selector or the metadata range",
+                             missed, f"{len(broken)} broken copies refused")
         if any(o.get("kind") == "ScaledObject" for o in objs):
             report.check(f"[{r.label}] KEDA query = crates/outbox-relay/sql/count_due.sql", code.check_keda_query(objs))
         if any(o.get("kind") == "PrometheusRule" for o in objs):

@@ -69,3 +69,33 @@ def check_egress(objs: list[dict]) -> list[str]:
                 elif net.version == 4 and net.overlaps(METADATA):
                     problems.append(f"{where}: {cidr} holds the cloud metadata endpoint 169.254.169.254")
     return problems
+
+
+def breakages(objs: list[dict]) -> list[tuple[str, list[dict]]]:
+    """Broken copies of a render that passes: for its first NetworkPolicy
+    rule that reaches a guarded port through an ipBlock, that rule opened to
+    any address, to 0.0.0.0/0, to a placeholder the overlay left, to a
+    namespace selector, and to the metadata endpoint's range. Each copy must
+    fail `check_egress`, which is how deploy-check shows the check can fail."""
+    import copy
+
+    for p, obj in enumerate(objs):
+        if obj.get("kind") != "NetworkPolicy":
+            continue
+        for i, rule in enumerate(obj.get("spec", {}).get("egress") or []):
+            if not _ports(rule) or not any("ipBlock" in peer for peer in rule.get("to") or []):
+                continue
+            edits = {
+                "no `to`": lambda r: r.pop("to"),
+                "0.0.0.0/0": lambda r: r.__setitem__("to", [{"ipBlock": {"cidr": "0.0.0.0/0"}}]),
+                "a placeholder": lambda r: r.__setitem__("to", [{"ipBlock": {"cidr": "POSTGRES_CIDR"}}]),
+                "a namespace selector": lambda r: r.__setitem__("to", [{"namespaceSelector": {}}]),
+                "169.254.0.0/16": lambda r: r.__setitem__("to", [{"ipBlock": {"cidr": "169.254.0.0/16"}}]),
+            }
+            out = []
+            for what, edit in edits.items():
+                broken = copy.deepcopy(objs)
+                edit(broken[p]["spec"]["egress"][i])
+                out.append((what, broken))
+            return out
+    return []
