@@ -209,4 +209,23 @@ mod tests {
         assert_eq!(cli.settings.database().unwrap().describe(), "db:5432/payments");
         assert!(cli.settings.verifier().is_ok());
     }
+
+    #[test]
+    fn the_lock_wait_is_a_twentieth_of_the_deadline_within_10_to_100_ms() {
+        let wait = |deadline: &str| {
+            let cli = Cli::try_parse_from([
+                "webhook-ingest",
+                "--database-url",
+                "postgres://u@db/x",
+                "--ingest-deadline-ms",
+                deadline,
+            ])
+            .unwrap();
+            cli.settings.lock_wait().as_millis()
+        };
+        assert_eq!(wait("1000"), 50);
+        assert_eq!(wait("100"), 10, "never below 10 ms");
+        assert_eq!(wait("5000"), 100, "never above 100 ms (the default deadline)");
+        assert_eq!(wait("60000"), 100);
+    }
 }

@@ -473,3 +473,30 @@ async fn read_body(req: &HttpRequest, mut payload: web::Payload) -> Result<bytes
     }
     Ok(buf.freeze())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lock_backoff_doubles_from_10_to_160_ms_with_full_jitter_above_a_tenth() {
+        for (tries, ceiling_ms) in [(1, 10), (2, 20), (3, 40), (4, 80), (5, 160), (6, 160), (40, 160)] {
+            let ceiling = Duration::from_millis(ceiling_ms);
+            let pauses: Vec<Duration> = (0..200).map(|_| lock_backoff(tries)).collect();
+            for pause in &pauses {
+                assert!(*pause <= ceiling, "try {tries}: {pause:?} above {ceiling:?}");
+                assert!(
+                    *pause >= ceiling.mul_f64(0.1),
+                    "try {tries}: {pause:?} below a tenth"
+                );
+            }
+            // Jittered: the waiters of one lock do not come back together.
+            let distinct: std::collections::HashSet<_> = pauses.iter().collect();
+            assert!(
+                distinct.len() > 100,
+                "try {tries}: only {} distinct pauses",
+                distinct.len()
+            );
+        }
+    }
+}

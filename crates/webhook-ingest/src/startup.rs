@@ -160,3 +160,17 @@ fn readiness(pool: db::Pool) -> Readiness {
         Box::pin(async move { db::ready::check(&pool).await })
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::lock_retry_slots;
+
+    #[test]
+    fn a_quarter_of_the_pool_may_retry_locked_orders_and_never_none() {
+        assert_eq!(lock_retry_slots(16), 4);
+        assert_eq!(lock_retry_slots(4), 1);
+        assert_eq!(lock_retry_slots(1), 1);
+        assert_eq!(lock_retry_slots(2), 1);
+        assert_eq!(lock_retry_slots(100), 25);
+    }
+}
