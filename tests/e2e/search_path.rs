@@ -117,6 +117,21 @@ async fn a_role_that_may_create_in_public_cannot_make_the_services_run_its_funct
         0
     );
 
+    // The test roles pin search_path on the role too (as deploy/sql/roles.sql
+    // recommends for poolers); here, in this database only, their sessions
+    // start on the default path instead, so that what protects them is the
+    // services' own `-c search_path=pg_catalog` alone.
+    for role in [Role::Ingest, Role::Relay] {
+        admin
+            .batch_execute(&format!(
+                "ALTER ROLE {} IN DATABASE \"{}\" SET search_path = \"$user\", public",
+                role.login(),
+                db.name
+            ))
+            .await
+            .unwrap();
+    }
+
     // Both services, as their roles, sessions as they open them.
     let downstream = simulator::downstream::spawn(DownstreamConfig::default())
         .await
