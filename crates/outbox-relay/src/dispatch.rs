@@ -426,6 +426,7 @@ mod tests {
             claim: 1,
             trace_context: None,
             event_id: "evt".into(),
+            due_at: 0.0,
             lease_expires: std::time::Instant::now(),
         };
         let p = prepare(

@@ -13,7 +13,7 @@ use super::RowKind;
 pub(crate) const CLAIM: Sql = Sql::new(
     "outbox-relay/claim.sql",
     include_str!("claim.sql"),
-    &[Type::INT8, Type::TEXT, Type::INT8, Type::INT4],
+    &[Type::INT8, Type::TEXT, Type::INT8, Type::INT4, Type::FLOAT8],
 )
 .returning(CLAIM_COLUMNS);
 const CLAIM_COLUMNS: &[Column] = &[
@@ -25,6 +25,7 @@ const CLAIM_COLUMNS: &[Column] = &[
     col("claims", Type::INT4),
     col("trace_context", Type::TEXT),
     col("event_id", Type::TEXT),
+    col("due_at", Type::FLOAT8),
 ];
 
 /// Whether a claimed row is still pending under its claim.
@@ -56,6 +57,8 @@ pub struct ClaimedRow {
     pub lease_expires: Instant,
     pub trace_context: Option<String>,
     pub event_id: String,
+    /// When the row became due (`available_at`, Unix seconds, the server's clock).
+    pub due_at: f64,
 }
 
 /// Claims up to `limit` due rows under a lease of `lease` for `owner`, in id
@@ -68,11 +71,24 @@ pub async fn claim_due_batch(
     lease: Duration,
     max_attempts: u32,
 ) -> Result<Vec<ClaimedRow>, tokio_postgres::Error> {
+    claim_due_batch_from(client, limit, owner, lease, max_attempts, None).await
+}
+
+/// [`claim_due_batch`] among the rows due at `from` (Unix seconds) or later
+/// only: `None` looks at every due row.
+pub async fn claim_due_batch_from(
+    client: &db::Client,
+    limit: i64,
+    owner: &str,
+    lease: Duration,
+    max_attempts: u32,
+    from: Option<f64>,
+) -> Result<Vec<ClaimedRow>, tokio_postgres::Error> {
     let lease_ms = lease.as_millis() as i64;
     let max_attempts = i32::try_from(max_attempts).unwrap_or(i32::MAX);
     let lease_expires = Instant::now() + lease;
     let rows = CLAIM
-        .query(client, &[&limit, &owner, &lease_ms, &max_attempts])
+        .query(client, &[&limit, &owner, &lease_ms, &max_attempts, &from])
         .await?;
     let mut claimed = rows
         .into_iter()
@@ -86,6 +102,7 @@ pub async fn claim_due_batch(
                 claim: r.try_get("claims")?,
                 trace_context: r.try_get("trace_context")?,
                 event_id: r.try_get("event_id")?,
+                due_at: r.try_get("due_at")?,
                 lease_expires,
             })
         })

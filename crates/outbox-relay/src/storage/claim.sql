@@ -1,18 +1,25 @@
 -- Claims up to $1 due rows for relay $2, each under a lease of $3
 -- milliseconds, and returns them in no particular order.
--- $1 batch size, $2 lease owner, $3 lease in ms, $4 RELAY_MAX_ATTEMPTS.
+-- $1 batch size, $2 lease owner, $3 lease in ms, $4 RELAY_MAX_ATTEMPTS, $5
+-- the earliest due time to look at (Unix seconds; NULL for every due row).
 --
 -- `due`: pending, due and unleased rows in due order (id order among rows due
 -- at the same time), locked with SKIP LOCKED so that concurrent relays take
 -- disjoint batches and never wait on each other; the partial index on
 -- (available_at, id) WHERE pending keeps its cost independent of the done
--- rows. `claimed`: each takes a lease, an attempt and a claim (`claims`, with
--- the owner the claim's fencing token). A row whose every allowed attempt was
--- claimed without an outcome ever recorded is a poison row: it goes dead here,
--- keeping its last error, and is not returned.
+-- rows. A claim from $5 starts its index scan there: the entries to the left
+-- are mostly those of rows already done, dead until a VACUUM removes them,
+-- which a claim from the start walks through every time. Rows left there (a
+-- late commit, an expired lease, a released row) wait for the next claim
+-- from the start (worker/run.rs). `claimed`: each takes a lease, an attempt
+-- and a claim (`claims`, with the owner the claim's fencing token). A row
+-- whose every allowed attempt was claimed without an outcome ever recorded
+-- is a poison row: it goes dead here, keeping its last error, and is not
+-- returned.
 WITH due AS (
     SELECT id FROM public.outbox
      WHERE status = 'pending' AND available_at <= now()
+       AND available_at >= coalesce(to_timestamp($5::float8), '-infinity')
        AND (leased_until IS NULL OR leased_until <= now())
      ORDER BY available_at, id
      LIMIT $1
@@ -33,7 +40,8 @@ WITH due AS (
       FROM due
      WHERE o.id = due.id
     RETURNING o.id, o.kind, o.payload, o.idempotency_key, o.attempts, o.claims, o.trace_context,
-              o.event_id, o.status
+              o.event_id, o.status, o.available_at
 )
-SELECT id, kind, payload, idempotency_key, attempts, claims, trace_context, event_id
+SELECT id, kind, payload, idempotency_key, attempts, claims, trace_context, event_id,
+       extract(epoch FROM available_at)::float8 AS due_at
   FROM claimed WHERE status = 'pending'

@@ -134,7 +134,7 @@ impl Relay {
         W: Fn(ClaimedRow) -> F,
         F: Future<Output = Settled>,
     {
-        let rows = self.claim(self.config.batch_size as i64).await?;
+        let rows = self.claim(self.config.batch_size as i64, None).await?;
         if rows.is_empty() {
             return Ok(Pass::Empty);
         }
@@ -157,14 +157,17 @@ impl Relay {
         Ok(Pass::Relayed(n))
     }
 
-    async fn claim(&self, limit: i64) -> anyhow::Result<Vec<ClaimedRow>> {
+    /// Claims up to `limit` rows due at `from` (Unix seconds) or later, or
+    /// any due row for `None`.
+    async fn claim(&self, limit: i64, from: Option<f64>) -> anyhow::Result<Vec<ClaimedRow>> {
         let client = self.pool.get().await?;
-        let rows = storage::claim_due_batch(
+        let rows = storage::claim_due_batch_from(
             &client,
             limit,
             &self.config.owner,
             self.config.lease,
             self.config.max_attempts,
+            from,
         )
         .await?;
         self.health.last_claim_ms.store(now_ms(), Ordering::Relaxed);

@@ -212,3 +212,44 @@ async fn a_panic_on_the_last_allowed_attempt_is_dead() {
         "{error}"
     );
 }
+
+/// Most claims start just before the earliest row of the last claim (see
+/// `ClaimFloor`); a row due long before that (committed late, its lease
+/// expired, released unsent) is found by the next claim from the start,
+/// once per poll interval, however often NOTIFYs wake the relay meanwhile.
+#[tokio::test]
+async fn a_row_due_before_the_claim_floor_is_still_sent() {
+    let env = env(1, &["--relay-poll-interval-ms", "1000"]).await;
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(
+        env.relay
+            .clone()
+            .run_with(shutdown.clone(), |relay, row| async move {
+                relay.send_or_release(row).await
+            }),
+    );
+    let done = "SELECT count(*) FROM outbox WHERE status = 'done'";
+    testkit::wait_for_count(&env.client, done, 1, Duration::from_secs(20)).await;
+    env.client
+        .batch_execute(
+            "INSERT INTO outbox (kind, payload, idempotency_key, event_id, order_id, available_at)
+             VALUES ('ship_order', '{\"v\": 1, \"order_id\": 2, \"event_id\": \"evt_2\"}', 'ship-2', 'evt_2', 2,
+                     now() - interval '1 hour'),
+                    ('ship_order', '{\"v\": 1, \"order_id\": 3, \"event_id\": \"evt_3\"}', 'ship-3', 'evt_3', 3,
+                     now())",
+        )
+        .await
+        .unwrap();
+    let waker = env.relay.waker();
+    let wake = tokio::spawn(async move {
+        loop {
+            waker.notify_one();
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    });
+    testkit::wait_for_count(&env.client, done, 3, Duration::from_secs(20)).await;
+    wake.abort();
+    assert_eq!(env.downstream.stats().effects, 3);
+    shutdown.cancel();
+    running.await.unwrap();
+}
