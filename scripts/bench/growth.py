@@ -30,12 +30,14 @@ def claim_sql(bench: Bench) -> str:
 
 def time_claim(bench: Bench, label: str) -> dict:
     """The relay's claim as the relay runs it (a prepared statement, batch 50),
-    12 times, each rolled back; median of the last 7 (generic plan by then)."""
+    12 times, each rolled back; median of the last 7 (generic plan by then).
+    It is the claim from the start of the due rows (no floor), the one the
+    relay runs once per poll interval: the dearer of its two forms."""
     claim = claim_sql(bench)
-    # batch size, lease owner, lease in ms, RELAY_MAX_ATTEMPTS
-    parts = [f"PREPARE bench_claim(int8, text, int8, int4) AS {claim};"]
+    # batch size, lease owner, lease in ms, RELAY_MAX_ATTEMPTS, earliest due time
+    parts = [f"PREPARE bench_claim(int8, text, int8, int4, float8) AS {claim};"]
     for _ in range(12):
-        parts.append("BEGIN; EXPLAIN (ANALYZE, BUFFERS) EXECUTE bench_claim(50, 'bench-claim', 60000, 25); "
+        parts.append("BEGIN; EXPLAIN (ANALYZE, BUFFERS) EXECUTE bench_claim(50, 'bench-claim', 60000, 25, NULL); "
                      "ROLLBACK;")
     parts.append("SELECT 'pending=' || count(*) FROM outbox WHERE status = 'pending';")
     parts.append("SELECT 'done=' || count(*) FROM outbox WHERE status = 'done';")
