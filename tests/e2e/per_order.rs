@@ -226,7 +226,7 @@ async fn a_shipment_that_was_performed_is_recorded_done_even_when_a_refund_lands
         });
     let client = pool.get().await.unwrap();
     let owner = "stalled-relay";
-    let rows = storage::claim_due_batch(&client, 10, owner, Duration::from_millis(200), 25)
+    let rows = storage::claim_due_batch(&client, 10, owner, Duration::from_millis(200), 25, None)
         .await
         .unwrap();
     let ship = rows

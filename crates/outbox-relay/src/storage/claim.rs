@@ -62,21 +62,10 @@ pub struct ClaimedRow {
 }
 
 /// Claims up to `limit` due rows under a lease of `lease` for `owner`, in id
-/// order; rows already claimed `max_attempts` times without a verdict go
+/// order, among the rows due at `from` (Unix seconds) or later (`None`: every
+/// due row); rows already claimed `max_attempts` times without a verdict go
 /// dead instead (see `claim.sql`).
 pub async fn claim_due_batch(
-    client: &db::Client,
-    limit: i64,
-    owner: &str,
-    lease: Duration,
-    max_attempts: u32,
-) -> Result<Vec<ClaimedRow>, tokio_postgres::Error> {
-    claim_due_batch_from(client, limit, owner, lease, max_attempts, None).await
-}
-
-/// [`claim_due_batch`] among the rows due at `from` (Unix seconds) or later
-/// only: `None` looks at every due row.
-pub async fn claim_due_batch_from(
     client: &db::Client,
     limit: i64,
     owner: &str,

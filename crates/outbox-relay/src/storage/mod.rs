@@ -50,7 +50,7 @@ pub mod prune;
 
 pub use audit::{Audit, audit};
 pub use backlog::{Backlog, COUNT_DUE, StatusKindCount, backlog, counts_by_status_and_kind};
-pub use claim::{ClaimedRow, claim_due_batch, claim_due_batch_from, still_pending};
+pub use claim::{ClaimedRow, claim_due_batch, still_pending};
 pub use columns::{RowKind, Status};
 pub use complete::{Recorded, RowVerdict, Verdict, record_verdicts};
 pub use dead::{DeadRow, dead_rows, requeue_dead};

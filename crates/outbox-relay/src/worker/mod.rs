@@ -161,7 +161,7 @@ impl Relay {
     /// any due row for `None`.
     async fn claim(&self, limit: i64, from: Option<f64>) -> anyhow::Result<Vec<ClaimedRow>> {
         let client = self.pool.get().await?;
-        let rows = storage::claim_due_batch_from(
+        let rows = storage::claim_due_batch(
             &client,
             limit,
             &self.config.owner,

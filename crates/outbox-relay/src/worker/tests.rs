@@ -221,13 +221,7 @@ async fn a_panic_on_the_last_allowed_attempt_is_dead() {
 async fn a_row_due_before_the_claim_floor_is_still_sent() {
     let env = env(1, &["--relay-poll-interval-ms", "1000"]).await;
     let shutdown = CancellationToken::new();
-    let running = tokio::spawn(
-        env.relay
-            .clone()
-            .run_with(shutdown.clone(), |relay, row| async move {
-                relay.send_or_release(row).await
-            }),
-    );
+    let running = tokio::spawn(env.relay.clone().run(shutdown.clone()));
     let done = "SELECT count(*) FROM outbox WHERE status = 'done'";
     testkit::wait_for_count(&env.client, done, 1, Duration::from_secs(20)).await;
     env.client

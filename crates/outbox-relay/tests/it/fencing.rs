@@ -25,7 +25,7 @@ const SHORT: Duration = Duration::from_millis(100);
 const LONG: Duration = Duration::from_secs(60);
 
 async fn claim_one(client: &db::Client, owner: &str, lease: Duration) -> Option<storage::ClaimedRow> {
-    let mut rows = storage::claim_due_batch(client, 10, owner, lease, 25)
+    let mut rows = storage::claim_due_batch(client, 10, owner, lease, 25, None)
         .await
         .unwrap();
     assert!(rows.len() <= 1);
@@ -122,7 +122,7 @@ async fn a_row_that_takes_its_relay_down_on_every_claim_goes_dead_after_max_atte
     const MAX: u32 = 3;
 
     for n in 1..=MAX {
-        let rows = storage::claim_due_batch(&client, 10, "doomed", SHORT, MAX)
+        let rows = storage::claim_due_batch(&client, 10, "doomed", SHORT, MAX, None)
             .await
             .unwrap();
         assert_eq!(rows.len(), 1, "claim {n}");
@@ -131,7 +131,7 @@ async fn a_row_that_takes_its_relay_down_on_every_claim_goes_dead_after_max_atte
         tokio::time::sleep(SHORT * 2).await;
     }
     let healthy = env.enqueue("send_confirmation", 2, "evt_2").await;
-    let rows = storage::claim_due_batch(&client, 10, "next", LONG, MAX)
+    let rows = storage::claim_due_batch(&client, 10, "next", LONG, MAX, None)
         .await
         .unwrap();
     assert_eq!(
@@ -148,7 +148,7 @@ async fn a_row_that_takes_its_relay_down_on_every_claim_goes_dead_after_max_atte
 
     // Requeued by an operator, it gets RELAY_MAX_ATTEMPTS claims again.
     assert_eq!(storage::requeue_dead(&client, Some(poison)).await.unwrap(), 1);
-    let rows = storage::claim_due_batch(&client, 10, "next", LONG, MAX)
+    let rows = storage::claim_due_batch(&client, 10, "next", LONG, MAX, None)
         .await
         .unwrap();
     assert_eq!(rows.iter().map(|r| r.id).collect::<Vec<_>>(), [poison]);

@@ -158,7 +158,7 @@ async fn exercise_relay(
         .unwrap();
     let client = pool.get().await.expect("a connection");
     let owner = format!("roles-test-{n}");
-    let claimed = storage::claim_due_batch(&client, 10, &owner, Duration::from_secs(60), 25).await?;
+    let claimed = storage::claim_due_batch(&client, 10, &owner, Duration::from_secs(60), 25, None).await?;
     let first = claimed
         .first()
         .expect("nothing claimed: the recheck and completion statements would not run");
