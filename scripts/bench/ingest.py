@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .common import CpuMeter, pct, ratio, run_cmd
+from .cpu_split import Split, per_unit
 from .config import BENCH_REFERENCES, CFG, CONCURRENCIES, DUPLICATE_RATE, LOGS, BenchError, log
 from .db import Db, Product, Reference
 from .load import provider_run, summary_brief
@@ -33,6 +34,7 @@ def pgbench(db: Db, file: Path, clients: int, secs: float, tag: str) -> dict:
     m = re.search(r"tps = ([\d.]+) \(without initial connection time\)", out)
     if not m:
         raise BenchError(f"pgbench {tag}: no tps in its output: {out[-500:]}")
+    done = re.search(r"number of transactions actually processed: (\d+)", out)
     failed = re.search(r"number of failed transactions: (\d+)", out)
     lat = []
     for f in LOGS.glob(f"pgbench-{tag}.*"):
@@ -45,7 +47,7 @@ def pgbench(db: Db, file: Path, clients: int, secs: float, tag: str) -> dict:
         f.unlink()
     return {"tps": float(m.group(1)), "p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99),
             "failed": int(failed.group(1)) if failed else None, "machine_cores_busy": cores,
-            "latency_samples": len(lat)}
+            "latency_samples": len(lat), "transactions": int(done.group(1)) if done else None}
 
 
 def run(bench: Bench) -> None:
@@ -55,7 +57,9 @@ def run(bench: Bench) -> None:
     for c in CONCURRENCIES:
         bench.product.reset(CFG["product_history"])
         analyzes0 = outbox_analyzes(bench)
+        split = Split(bench, Product.DB, {"ingest": bench.ingest.p.pid}, "load generator").start()
         ours = summary_brief(provider_run(bench.ingest.url, f"c{c}", bench.ingest, concurrency=c, secs=secs))
+        ours["cpu_us_per_request"] = per_unit(split.stop(), ours["deliveries"] or 0)
         # An autoanalyze of the outbox during the run re-plans the ingest's statement.
         ours["outbox_autoanalyzes"] = outbox_analyzes(bench) - analyzes0
         # No relay runs here (the references do not drain either): the
@@ -66,8 +70,10 @@ def run(bench: Bench) -> None:
         for name, file in (("reference", "reference-ingest.sql"),
                            ("one_statement", "reference-ingest-one-statement.sql")):
             bench.ref.reset()
+            split = Split(bench, Reference.DB, {}, "pgbench").start()
             ref_runs[name] = pgbench(bench.db, BENCH_REFERENCES / file, c, secs, f"{name}-c{c}")
-        runs[c] = {"ours": ours, **ref_runs}
+            ref_runs[name]["cpu_us_per_transaction"] = per_unit(split.stop(), ref_runs[name]["transactions"] or 0)
+        runs[c] = {"ours": ours, **ref_runs, "bound": bound(ours, ref_runs["one_statement"])}
         log(f"  c{c:<3} ours {ours['requests_per_s']:>8,.0f} req/s  p50 {ours['p50_ms']} p99 {ours['p99_ms']} ms"
             f" ({ours['outbox_pending_after']:,} pending outbox rows at the end, "
             f"{ours['outbox_autoanalyzes']} autoanalyze)"
@@ -87,9 +93,42 @@ def run(bench: Bench) -> None:
         r[f"one_statement_p99_ms_c{c}"] = ref_runs["one_statement"]["p99_ms"]
         r[f"ingest_vs_reference_c{c}"] = ratio(ours["requests_per_s"], ref_runs["reference"]["tps"])
         r[f"ingest_vs_one_statement_c{c}"] = ratio(ours["requests_per_s"], ref_runs["one_statement"]["tps"])
+        r[f"ingest_vs_one_statement_ceiling_c{c}"] = runs[c]["bound"].get("ceiling")
+        log(f"       cpu us per request: {fmt_parts(ours['cpu_us_per_request'])} | one statement per "
+            f"transaction: {fmt_parts(ref_runs['one_statement']['cpu_us_per_transaction'])} | ceiling "
+            f"{runs[c]['bound'].get('ceiling')} (model {runs[c]['bound'].get('model')}, measured "
+            f"{r[f'ingest_vs_one_statement_c{c}']})")
     bench.details["ingest"] = runs
     # Memory after the closed-loop runs alone (the open-loop phases next may overload it).
     bench.report["ingest_rss_mib_closed_loop"] = bench.ingest.rss().get("peak_mib")
+
+
+def fmt_parts(u: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in u.items() if k not in ("cores_counted", "machine_cores_busy"))
+
+
+def bound(ours: dict, ref: dict) -> dict:
+    """What the ratio to the one-statement reference can reach on these
+    cores. Both runs are CPU-bound, so a ratio of throughputs is about the
+    inverse ratio of CPU per unit of work (`model`, beside the measured
+    one). `ceiling`: the same with our Postgres CPU per request replaced by
+    the reference's per transaction, the ingest process and the load
+    generator kept: an ingest whose database work cost no more than a
+    statement that writes less than the contract asks (no payload, no
+    stored result, no row lock, fewer indexes) could reach that much and no
+    more while the load generator and the ingest share the cores with
+    Postgres. `ceiling_ingest_process_only`: the load generator's CPU, too,
+    replaced by pgbench's own."""
+    a, b = ours.get("cpu_us_per_request") or {}, ref.get("cpu_us_per_transaction") or {}
+    if not a.get("total") or not b.get("total"):
+        return {}
+    others = a["total"] - a["postgres"]
+    return {"ours_us": a["total"], "reference_us": b["total"],
+            "model": round(b["total"] / a["total"], 3),
+            "ceiling": round(b["total"] / (b["postgres"] + others), 3),
+            # And with a load generator as cheap as pgbench's client: the ingest process alone.
+            "ceiling_ingest_process_only": round(
+                b["total"] / (b["postgres"] + b.get("pgbench", 0.0) + a.get("ingest", 0.0)), 3)}
 
 
 def outbox_analyzes(bench: Bench) -> int:

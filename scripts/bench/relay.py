@@ -8,6 +8,7 @@ import time
 from typing import TYPE_CHECKING
 
 from .common import CpuMeter
+from .cpu_split import Split, per_unit
 from .config import CFG, DRAIN_ORDER0, TRACEPARENT, BenchError, log
 from .db import Product, Session
 from .load import provider_run, summary_brief
@@ -37,6 +38,10 @@ def drain(bench: Bench, session: Session, relays: list[Service], n: int, tag: st
     session.query("BEGIN;\n" + drain_rows_sql(first, rows) + ";\nNOTIFY outbox_pending;", timeout=120)
     cpu0 = [r.cpu() or 0 for r in relays]
     meter = CpuMeter()
+    pids = {f"relay {r.tag}": r.p.pid for r in relays}
+    if bench.services.downstream:
+        pids["downstream"] = bench.services.downstream.pid
+    split = Split(bench, Product.DB, pids, "bench commands", exclude={session_pid(session)}).start()
     marker = session.send("COMMIT;")
     t0 = time.monotonic()  # the rows become visible with this commit
     session.wait(marker, timeout=60)
@@ -57,6 +62,7 @@ def drain(bench: Bench, session: Session, relays: list[Service], n: int, tag: st
             break
         time.sleep(0.005)
     secs = time.monotonic() - t0
+    cpu = split.stop()
     if pending != 0:
         raise BenchError(f"drain {tag}: {pending} rows still pending after {secs:.0f}s "
                          f"({effects} effects downstream)")
@@ -67,7 +73,7 @@ def drain(bench: Bench, session: Session, relays: list[Service], n: int, tag: st
            "rows_per_s": round(rows / secs, 1), "seconds_to_last_effect": round(t_effects, 3),
            "downstream_requests": st["requests"], "downstream_effects": st["effects"],
            "double_effects": st["double_effects"], "relay_cpu_secs": round(relay_cpu, 2),
-           "machine_cores_busy": meter.cores_busy(),
+           "machine_cores_busy": meter.cores_busy(), "cpu_us_per_row": per_unit(cpu, rows),
            # Autovacuum and autoanalyze of the outbox during the drain: a
            # new ANALYZE re-plans the relay's prepared statements.
            "outbox_autovacuums": maint1["autovacuum_count"] - maint0["autovacuum_count"],
@@ -78,6 +84,12 @@ def drain(bench: Bench, session: Session, relays: list[Service], n: int, tag: st
         f"{st['requests']:,} requests, {st['double_effects']} double effects, outbox autovacuum "
         f"{out['outbox_autovacuums']} autoanalyze {out['outbox_autoanalyzes']})")
     return out
+
+
+def session_pid(session: Session) -> int:
+    if not hasattr(session, "backend_pid"):
+        session.backend_pid = int(session.query("SELECT pg_backend_pid();")[0])
+    return session.backend_pid
 
 
 def outbox_maintenance(session: Session) -> dict:

@@ -165,11 +165,53 @@ def tables(r: dict, md: bool) -> str:
                                 + ([r["prune_note"]] if r.get("prune_note") else [])
                                 + ([r["growth_note"]] if r.get("growth_note") else [])
                                 + ([r["growth_cut"]] if r.get("growth_cut") else [])))
+    rows = bounds(r)
+    if rows:
+        parts.append("**What bounds the ratios** (CPU by process, us per unit of work)" if md
+                     else "WHAT BOUNDS THE RATIOS (CPU by process, us per unit of work)")
+        parts.append(table(["figure", "ours", "theirs", "measured / model / ceiling"], rows))
     phases = ", ".join(f"{k} {v:g}s" for k, v in r.get("phase_secs", {}).items())
     parts.append(f"Phases: {phases}; total {r.get('total_secs')} s.")
     if r.get("errors"):
         parts.append("ERRORS: " + "; ".join(f"{k}: {v}" for k, v in r["errors"].items()))
     return "\n\n".join(parts) + "\n"
+
+
+def parts_of(u: dict | None) -> str:
+    if not u:
+        return "n/a"
+    return ", ".join(f"{k} {fmt(v, 1)}" for k, v in u.items() if k not in ("cores_counted", "machine_cores_busy"))
+
+
+def bounds(r: dict) -> list[list[str]]:
+    """Rows of the CPU split behind the ratios the targets miss or straddle:
+    the ingest against the one-statement reference at 64 senders, one relay
+    against the no-op peer, the end-to-end database cost against the naive
+    design."""
+    d = r.get("details", {})
+    rows = []
+    c64 = (d.get("ingest") or {}).get(64) or (d.get("ingest") or {}).get("64")
+    if c64 and c64.get("bound"):
+        b = c64["bound"]
+        rows.append(["ingest / one statement, 64 senders", parts_of(c64["ours"].get("cpu_us_per_request")),
+                     parts_of(c64["one_statement"].get("cpu_us_per_transaction")),
+                     f"{fmt(r.get('ingest_vs_one_statement_c64'), 2)} / {fmt(b.get('model'), 2)} / "
+                     f"{fmt(b.get('ceiling'), 2)} (pgbench's client for ours: "
+                     f"{fmt(b.get('ceiling_ingest_process_only'), 2)})"])
+    b = d.get("relay_bound")
+    if b:
+        rows.append(["relay / no-op peer, per row", parts_of(b.get("relay_us_per_row")),
+                     parts_of(b.get("peer_us_per_job")),
+                     f"{fmt(r.get('relay_vs_peer'), 2)} / {fmt(b.get('model'), 2)} / {fmt(b.get('ceiling'), 2)} "
+                     f"(database per row ours/peer {fmt(b.get('database_us_per_row_vs_peer'), 2)}; the peer's "
+                     f"POST adds {fmt(b.get('peer_call_us_per_job'), 1)} us per job)"])
+    if r.get("db_cpu_us_per_webhook_limit") is not None:
+        rows.append(["Postgres CPU per webhook / naive", f"{fmt(r.get('db_cpu_us_per_webhook'), 1)}",
+                     f"naive {fmt(r.get('db_cpu_us_per_webhook_naive'), 1)}, one-statement limit "
+                     f"{fmt(r.get('db_cpu_us_per_webhook_limit'), 1)}",
+                     f"{fmt(r.get('db_cpu_vs_naive'), 2)}; the limit design's own: "
+                     f"{fmt(r.get('db_cpu_limit_vs_naive'), 2)}"])
+    return rows
 
 
 NOTES = [
