@@ -71,3 +71,8 @@ def per_unit(split: dict, n: int | float) -> dict:
             "cores_counted": round(sum(split["cpu_secs"].values()) / split["seconds"], 2)
             if split["seconds"] else None,
             "machine_cores_busy": split["machine_cores_busy"]}
+
+
+def brief(u: dict) -> str:
+    """`per_unit`'s parts on one line, for the log."""
+    return ", ".join(f"{k} {v}" for k, v in u.items() if k not in ("cores_counted", "machine_cores_busy"))

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .common import CpuMeter, pct, ratio, run_cmd
-from .cpu_split import Split, per_unit
+from .cpu_split import Split, brief, per_unit
 from .config import BENCH_REFERENCES, CFG, CONCURRENCIES, DUPLICATE_RATE, LOGS, BenchError, log
 from .db import Db, Product, Reference
 from .load import provider_run, summary_brief
@@ -94,17 +94,13 @@ def run(bench: Bench) -> None:
         r[f"ingest_vs_reference_c{c}"] = ratio(ours["requests_per_s"], ref_runs["reference"]["tps"])
         r[f"ingest_vs_one_statement_c{c}"] = ratio(ours["requests_per_s"], ref_runs["one_statement"]["tps"])
         r[f"ingest_vs_one_statement_ceiling_c{c}"] = runs[c]["bound"].get("ceiling")
-        log(f"       cpu us per request: {fmt_parts(ours['cpu_us_per_request'])} | one statement per "
-            f"transaction: {fmt_parts(ref_runs['one_statement']['cpu_us_per_transaction'])} | ceiling "
+        log(f"       cpu us per request: {brief(ours['cpu_us_per_request'])} | one statement per "
+            f"transaction: {brief(ref_runs['one_statement']['cpu_us_per_transaction'])} | ceiling "
             f"{runs[c]['bound'].get('ceiling')} (model {runs[c]['bound'].get('model')}, measured "
             f"{r[f'ingest_vs_one_statement_c{c}']})")
     bench.details["ingest"] = runs
     # Memory after the closed-loop runs alone (the open-loop phases next may overload it).
     bench.report["ingest_rss_mib_closed_loop"] = bench.ingest.rss().get("peak_mib")
-
-
-def fmt_parts(u: dict) -> str:
-    return ", ".join(f"{k} {v}" for k, v in u.items() if k not in ("cores_counted", "machine_cores_busy"))
 
 
 def bound(ours: dict, ref: dict) -> dict:

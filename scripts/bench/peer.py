@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from .common import PROCS, CpuMeter, clean_env, ratio
 from .config import CFG, LOGS, OUT, BenchError, log
-from .cpu_split import Split, per_unit
+from .cpu_split import Split, brief, per_unit
 from .load import parse_summary
 from .services import read_line
 
@@ -78,13 +78,9 @@ def run(bench: Bench) -> None:
     bench.details["relay_bound"] = b = relay_bound(bench, res, http)
     bench.report["relay_vs_peer_ceiling"] = b.get("ceiling")
     if b:
-        log(f"  cpu us per row, relay drain 1: {fmt(b['relay_us_per_row'])} | per job, peer no-op: "
-            f"{fmt(b['peer_us_per_job'])}; with the POST: {fmt(b['peer_http_us_per_job'])} | relay/peer "
+        log(f"  cpu us per row, relay drain 1: {brief(b['relay_us_per_row'])} | per job, peer no-op: "
+            f"{brief(b['peer_us_per_job'])}; with the POST: {brief(b['peer_http_us_per_job'])} | relay/peer "
             f"ceiling {b['ceiling']} (model {b['model']}, measured {bench.report.get('relay_vs_peer')})")
-
-
-def fmt(u: dict) -> str:
-    return ", ".join(f"{k} {v}" for k, v in u.items() if k not in ("cores_counted", "machine_cores_busy"))
 
 
 def relay_bound(bench: Bench, peer: dict, http: dict) -> dict:
