@@ -30,10 +30,11 @@ def children_cpu_secs() -> float:
 class Split:
     """Start before the work, stop after it (the children it started
     reaped). `pids`: name -> pid of processes alive through the window;
-    `children`: the label for what the bench's finished children used;
+    `children`: the label for what the bench's children that finished in
+    the window used (None: none of them is part of the work);
     `exclude`: backends of the bench's own sessions."""
 
-    def __init__(self, bench: Bench, database: str, pids: dict[str, int], children: str,
+    def __init__(self, bench: Bench, database: str, pids: dict[str, int], children: str | None = None,
                  exclude: set[int] | None = None) -> None:
         self.bench, self.database, self.pids, self.children = bench, database, pids, children
         self.exclude = set(exclude or ())
@@ -57,9 +58,10 @@ class Split:
                      for name, pid in self.pids.items()}
         finally:
             self.session.close()
-        return {"seconds": pg["seconds"], "machine_cores_busy": cores,
-                "cpu_secs": {"postgres": pg["cpu_secs"], **{k: round(v, 3) for k, v in procs.items()},
-                             self.children: round(children, 3)},
+        cpu = {"postgres": pg["cpu_secs"], **{k: round(v, 3) for k, v in procs.items()}}
+        if self.children:
+            cpu[self.children] = round(children, 3)
+        return {"seconds": pg["seconds"], "machine_cores_busy": cores, "cpu_secs": cpu,
                 "postgres_split_secs": pg["split_secs"]}
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 from typing import TYPE_CHECKING
 
-from .common import PROCS, CpuMeter, clean_env, ratio
+from .common import PROCS, clean_env, ratio
 from .config import CFG, LOGS, OUT, BenchError, log
 from .cpu_split import Split, brief, per_unit
 from .load import parse_summary
@@ -30,8 +30,7 @@ def drain(bench: Bench, tag: str, extra: list, pids: dict[str, int]) -> dict:
         if '"queued"' not in line:
             out, err = p.communicate(timeout=10)
             raise BenchError(f"{tag}: expected its queued line, got {line!r}: {(err or out)[-1000:]}")
-        meter = CpuMeter()
-        split = Split(bench, PEER_DB, pids, "node (queueing included)").start()
+        split = Split(bench, PEER_DB, pids).start()
         assert p.stdin
         p.stdin.write("go\n")
         p.stdin.flush()
@@ -45,9 +44,8 @@ def drain(bench: Bench, tag: str, extra: list, pids: dict[str, int]) -> dict:
     if p.returncode != 0:
         raise BenchError(f"{tag} exited {p.returncode}: {(err or out).strip()[-2000:]}")
     res = parse_summary(out, tag)
-    res["machine_cores_busy"] = meter.cores_busy()
+    res["machine_cores_busy"] = cpu["machine_cores_busy"]
     # The node process's CPU over the drain alone, as it measured it.
-    cpu["cpu_secs"].pop("node (queueing included)", None)
     cpu["cpu_secs"]["peer (node)"] = res.get("drain_cpu_secs", 0.0)
     res["cpu_us_per_job"] = per_unit(cpu, jobs)
     return res

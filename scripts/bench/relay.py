@@ -7,7 +7,6 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from .common import CpuMeter
 from .cpu_split import Split, per_unit
 from .config import CFG, DRAIN_ORDER0, TRACEPARENT, BenchError, log
 from .db import Product, Session
@@ -35,13 +34,12 @@ def drain(bench: Bench, session: Session, relays: list[Service], n: int, tag: st
     first = DRAIN_ORDER0 + n * 1_000_000
     bench.services.reset_downstream()
     maint0 = outbox_maintenance(session)
+    own_backend = int(session.query("SELECT pg_backend_pid();")[0])
     session.query("BEGIN;\n" + drain_rows_sql(first, rows) + ";\nNOTIFY outbox_pending;", timeout=120)
-    cpu0 = [r.cpu() or 0 for r in relays]
-    meter = CpuMeter()
     pids = {f"relay {r.tag}": r.p.pid for r in relays}
     if bench.services.downstream:
         pids["downstream"] = bench.services.downstream.pid
-    split = Split(bench, Product.DB, pids, "bench commands", exclude={session_pid(session)}).start()
+    split = Split(bench, Product.DB, pids, exclude={own_backend}).start()
     marker = session.send("COMMIT;")
     t0 = time.monotonic()  # the rows become visible with this commit
     session.wait(marker, timeout=60)
@@ -67,13 +65,13 @@ def drain(bench: Bench, session: Session, relays: list[Service], n: int, tag: st
         raise BenchError(f"drain {tag}: {pending} rows still pending after {secs:.0f}s "
                          f"({effects} effects downstream)")
     st = bench.services.stats()
-    relay_cpu = sum((r.cpu() or 0) - c0 for r, c0 in zip(relays, cpu0))
+    relay_cpu = sum(v for k, v in cpu["cpu_secs"].items() if k.startswith("relay "))
     maint1 = outbox_maintenance(session)
     out = {"rows": rows, "relays": len(relays), "seconds": round(secs, 3),
            "rows_per_s": round(rows / secs, 1), "seconds_to_last_effect": round(t_effects, 3),
            "downstream_requests": st["requests"], "downstream_effects": st["effects"],
            "double_effects": st["double_effects"], "relay_cpu_secs": round(relay_cpu, 2),
-           "machine_cores_busy": meter.cores_busy(), "cpu_us_per_row": per_unit(cpu, rows),
+           "machine_cores_busy": cpu["machine_cores_busy"], "cpu_us_per_row": per_unit(cpu, rows),
            # Autovacuum and autoanalyze of the outbox during the drain: a
            # new ANALYZE re-plans the relay's prepared statements.
            "outbox_autovacuums": maint1["autovacuum_count"] - maint0["autovacuum_count"],
@@ -84,12 +82,6 @@ def drain(bench: Bench, session: Session, relays: list[Service], n: int, tag: st
         f"{st['requests']:,} requests, {st['double_effects']} double effects, outbox autovacuum "
         f"{out['outbox_autovacuums']} autoanalyze {out['outbox_autoanalyzes']})")
     return out
-
-
-def session_pid(session: Session) -> int:
-    if not hasattr(session, "backend_pid"):
-        session.backend_pid = int(session.query("SELECT pg_backend_pid();")[0])
-    return session.backend_pid
 
 
 def outbox_maintenance(session: Session) -> dict:
