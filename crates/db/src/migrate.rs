@@ -13,7 +13,8 @@
 //! what they use (`migrations/V2__roles.sql`).
 //!
 //! The migrations name their tables unqualified (V1..V3 are applied history:
-//! refinery checksums their text), so they run with `public` on the
+//! refinery checksums their text, comments included: V1's pointer to "SPEC
+//! section 3" means docs/CONTRACT.md section 6), so they run with `public` on the
 //! session's `search_path`, where unqualified functions and operators resolve
 //! too. [`migrate`] therefore first refuses a schema `public` in which anyone
 //! but its owner, the migrating user and superusers may create objects
