@@ -99,8 +99,56 @@ def run(bench: Bench) -> None:
             f"{runs[c]['bound'].get('ceiling')} (model {runs[c]['bound'].get('model')}, measured "
             f"{r[f'ingest_vs_one_statement_c{c}']})")
     bench.details["ingest"] = runs
+    pairs_against_naive(bench, runs[PAIRED]["ours"]["requests_per_s"], runs[PAIRED]["reference"]["tps"])
     # Memory after the closed-loop runs alone (the open-loop phases next may overload it).
     bench.report["ingest_rss_mib_closed_loop"] = bench.ingest.rss().get("peak_mib")
+
+
+# The concurrency whose ratio to the naive reference is a target, and how
+# many (ours, naive) pairs measure it.
+PAIRED = 64
+PAIRS = 3
+
+
+def pairs_against_naive(bench: Bench, ours_rps: float, naive_tps: float) -> None:
+    """`ingest_vs_reference_c64` is the median of PAIRS pairs of adjacent
+    runs, the first pair the loop's (ours first), then naive first, then ours
+    first again. The two sides of a pair run seconds apart, and this machine's
+    speed drifts by more than the margin between them: in one afternoon the
+    same ingest run ranged 1,279 to 1,872 req/s within two minutes, its CPU
+    per request with it. A single pair's ratio is that drift as much as the
+    designs; the median of alternated pairs cancels a drift in either
+    direction and shows its spread (`_min`, `_max`)."""
+    secs = CFG["ingest_secs"]
+    pairs = [{"order": "ours first", "ours": ours_rps, "naive": naive_tps}]
+    for i in range(1, PAIRS):
+        pair = {"order": "naive first" if i % 2 else "ours first"}
+        for side in (("naive", "ours") if i % 2 else ("ours", "naive")):
+            if side == "ours":
+                bench.product.reset(CFG["product_history"])
+                s = summary_brief(provider_run(bench.ingest.url, f"c{PAIRED}-pair{i}", bench.ingest,
+                                               concurrency=PAIRED, secs=secs))
+                pair["ours"] = s["requests_per_s"]
+                if s.get("problems"):
+                    pair["problems"] = s["problems"]
+            else:
+                bench.ref.reset()
+                pair["naive"] = pgbench(bench.db, BENCH_REFERENCES / "reference-ingest.sql", PAIRED, secs,
+                                        f"reference-c{PAIRED}-pair{i}")["tps"]
+        pairs.append(pair)
+    for pair in pairs:
+        pair["ratio"] = ratio(pair["ours"], pair["naive"])
+    ratios = sorted(p["ratio"] for p in pairs if p["ratio"] is not None)
+    r = bench.report
+    r[f"ingest_vs_reference_c{PAIRED}_first_pair"] = pairs[0]["ratio"]
+    if ratios:
+        r[f"ingest_vs_reference_c{PAIRED}"] = ratios[len(ratios) // 2]
+        r[f"ingest_vs_reference_c{PAIRED}_min"] = ratios[0]
+        r[f"ingest_vs_reference_c{PAIRED}_max"] = ratios[-1]
+    bench.details[f"ingest_vs_reference_c{PAIRED}_pairs"] = pairs
+    log(f"  c{PAIRED} against the naive reference, {len(pairs)} pairs: "
+        + ", ".join(f"{p['ours']:,.0f}/{p['naive']:,.0f} = {p['ratio']} ({p['order']})" for p in pairs)
+        + f"; median {r.get(f'ingest_vs_reference_c{PAIRED}')}")
 
 
 def bound(ours: dict, ref: dict) -> dict:
