@@ -1,5 +1,5 @@
 -- The product's schema. Names in this file are part of the external contract
--- (SPEC section 3); black-box tests and operators query them directly.
+-- (docs/CONTRACT.md section 6); black-box tests and operators query them directly.
 
 -- One row per provider event id. The primary key IS the deduplication: the
 -- ingest claims an event by inserting its id, in the same transaction as the

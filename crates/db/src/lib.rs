@@ -55,6 +55,7 @@ pub const STATEMENTS: &[&Sql] = &[
     &migrate::UNLOCK,
     &migrate::HISTORY_EXISTS,
     &migrate::APPLIED_VERSION,
+    &migrate::REWORD_CHECKSUM,
     &migrate::SET_SEARCH_PATH,
     &migrate::PUBLIC_SCHEMA_CREATORS,
     &ready::ROLE_SETTINGS,

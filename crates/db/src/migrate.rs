@@ -12,9 +12,9 @@
 //! migrating user owns the tables it creates; the services' roles are granted
 //! what they use (`migrations/V2__roles.sql`).
 //!
-//! The migrations name their tables unqualified (V1..V3 are applied history:
-//! refinery checksums their text, comments included: V1's pointer to "SPEC
-//! section 3" means docs/CONTRACT.md section 6), so they run with `public` on the
+//! The migrations name their tables unqualified (V1..V3 are applied history,
+//! whose text refinery checksums, comments included: a comment corrected
+//! since is listed in [`REWORDED`]), so they run with `public` on the
 //! session's `search_path`, where unqualified functions and operators resolve
 //! too. [`migrate`] therefore first refuses a schema `public` in which anyone
 //! but its owner, the migrating user and superusers may create objects
@@ -50,6 +50,48 @@ pub fn expected_version() -> i32 {
         .max()
         .unwrap_or(0)
 }
+
+/// Comments corrected in applied migrations: (version, the corrected
+/// words, the words as first applied). Refinery refuses an applied
+/// migration whose text differs from the embedded one, comments included;
+/// [`migrate`] therefore rewrites the history's checksum of exactly the
+/// text as first applied ([`REWORD_CHECKSUM`]) and nothing else, and every
+/// other difference is still refused.
+const REWORDED: &[(i32, &str, &str)] = &[(1, "(docs/CONTRACT.md section 6)", "(SPEC section 3)")];
+
+/// (version, the checksum of its text as first applied, the embedded text's)
+/// for each migration of [`REWORDED`].
+fn reworded_checksums() -> anyhow::Result<Vec<(i32, String, String)>> {
+    let runner = embedded::migrations::runner();
+    REWORDED
+        .iter()
+        .map(|&(version, now, before)| {
+            let migration = runner
+                .get_migrations()
+                .iter()
+                .find(|m| m.version() == version)
+                .with_context(|| format!("no embedded migration V{version}"))?;
+            let text = migration.sql().unwrap_or_default();
+            anyhow::ensure!(text.contains(now), "V{version} no longer says {now:?}");
+            let applied = refinery::Migration::unapplied(
+                &format!("V{version}__{}", migration.name()),
+                &text.replacen(now, before, 1),
+            )?;
+            Ok((
+                version,
+                applied.checksum().to_string(),
+                migration.checksum().to_string(),
+            ))
+        })
+        .collect()
+}
+
+/// Rewrites a history checksum of [`REWORDED`] (the number of rows changed).
+pub(crate) const REWORD_CHECKSUM: Sql = Sql::new(
+    "db/migrate/reword_checksum.sql",
+    include_str!("migrate/reword_checksum.sql"),
+    &[Type::INT4, Type::TEXT, Type::TEXT],
+);
 
 const LOCK_COLUMNS: &[Column] = &[col("pg_advisory_lock", Type::VOID)];
 
@@ -176,15 +218,45 @@ pub async fn migrate(client: &mut tokio_postgres::Client) -> anyhow::Result<Vec<
     LOCK.execute(&*client, &[&MIGRATION_LOCK])
         .await
         .context("taking the migration lock")?;
-    let result = embedded::migrations::runner()
-        .set_abort_divergent(true)
-        .run_async(client)
-        .await
-        .context("applying migrations");
+    let result = async {
+        reword(client).await?;
+        embedded::migrations::runner()
+            .set_abort_divergent(true)
+            .run_async(client)
+            .await
+            .context("applying migrations")
+    }
+    .await;
     // Unlock even when a migration failed; the session ends soon anyway.
     let _ = UNLOCK.execute(&*client, &[&MIGRATION_LOCK]).await;
     let report = result?;
     Ok(report.applied_migrations().iter().map(|m| m.version()).collect())
+}
+
+/// Brings the history's checksums of [`REWORDED`] migrations, applied with
+/// their first words, to the embedded text's (under the migration lock).
+async fn reword(client: &tokio_postgres::Client) -> anyhow::Result<()> {
+    let exists: bool = HISTORY_EXISTS
+        .query_one(client, &[&format!("{SCHEMA}.{HISTORY_TABLE}")])
+        .await
+        .context("looking for the migration history")?
+        .get("history_exists");
+    if !exists {
+        return Ok(());
+    }
+    for (version, applied, embedded) in reworded_checksums()? {
+        let changed = REWORD_CHECKSUM
+            .execute(client, &[&version, &applied, &embedded])
+            .await
+            .context("rewriting a reworded migration's checksum")?;
+        if changed > 0 {
+            tracing::info!(
+                version,
+                "migration history: V{version}'s corrected comment recorded"
+            );
+        }
+    }
+    Ok(())
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -150,6 +150,61 @@ async fn migrate_is_safe_concurrently_and_repeatedly() {
     assert_eq!(applied as i32, db::migrate::expected_version());
 }
 
+/// A database migrated before V1's comment was corrected (its history holds
+/// the checksum of the text as first applied, taken from such a database)
+/// migrates, and its history then holds the embedded text's; any other
+/// difference is still refused.
+#[tokio::test]
+async fn a_database_migrated_before_v1s_comment_was_corrected_still_migrates() {
+    const AS_FIRST_APPLIED: &str = "17846769336987815260";
+    let db = TestDb::empty().await;
+    let migrate = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_webhook-ingest"))
+            .arg("migrate")
+            .env("DATABASE_URL", &db.url)
+            .output()
+            .unwrap()
+    };
+    assert!(migrate().status.success());
+    let client = db.client().await;
+    let v1 = || async {
+        client
+            .query_one(
+                "SELECT checksum FROM refinery_schema_history WHERE version = 1",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, String>(0)
+    };
+    let embedded = v1().await;
+    assert_ne!(embedded, AS_FIRST_APPLIED);
+    let set_v1 = |checksum: &'static str| {
+        let client = &client;
+        async move {
+            client
+                .execute(
+                    "UPDATE refinery_schema_history SET checksum = $1 WHERE version = 1",
+                    &[&checksum],
+                )
+                .await
+                .unwrap()
+        }
+    };
+
+    set_v1(AS_FIRST_APPLIED).await;
+    let out = migrate();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(v1().await, embedded);
+
+    set_v1("123").await;
+    let out = migrate();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("different than filesystem"), "{stderr}");
+    assert_eq!(v1().await, "123", "a checksum it does not know stays as it was");
+}
+
 /// Past INGEST_MAX_IN_FLIGHT, a request is answered 503 at once (load
 /// shedding), and the one in flight still completes.
 #[tokio::test]
