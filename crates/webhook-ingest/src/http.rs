@@ -20,6 +20,7 @@ use tracing::Instrument as _;
 use tracing::field::Empty;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
+use crate::batch::Answer;
 use crate::error::{IngestError, MAX_BODY_BYTES};
 use crate::metrics::IngestMetrics;
 use crate::storage::{self, Delivery, Recorded};
@@ -43,6 +44,9 @@ pub struct AppState {
     /// Connections that deliveries waiting for a locked order may hold at
     /// once, trying again (see [`record`]).
     pub lock_retries: Arc<tokio::sync::Semaphore>,
+    /// Payments waiting for a connection, recorded several per statement
+    /// (see [`crate::batch`]).
+    pub batcher: Arc<crate::batch::Batcher>,
 }
 
 /// The handler: the server span, outcome, metrics and logging around [`process`].
@@ -219,6 +223,21 @@ async fn record(
         .map_err(|e| IngestError::BodyRead(e.to_string()))?
         .into();
 
+    // A payment's first try is queued, and recorded with whatever other
+    // payments wait for a connection with it (crate::batch).
+    let mut first = None;
+    if storage::batchable(&event) {
+        match state
+            .batcher
+            .record(&state.pool, &event, &raw, deadline, trace_context)
+            .await?
+        {
+            Answer::Tried(answer) => first = Some(answer),
+            Answer::Alone => {}
+            Answer::Deadline => return Err(IngestError::Deadline),
+        }
+    }
+
     let mut tries: u32 = 0;
     loop {
         tries += 1;
@@ -231,7 +250,11 @@ async fn record(
                 .map_err(|e| IngestError::Unexpected(e.into()))?;
             Some(slot)
         };
-        match try_record(&event, &raw, state, deadline, trace_context).await? {
+        let answer = match first.take() {
+            Some(answer) => answer,
+            None => try_record(&event, &raw, state, deadline, trace_context).await?,
+        };
+        match answer {
             Ok(recorded) => {
                 if recorded.enqueued() > 0 {
                     state.notifier.notify();
@@ -305,7 +328,15 @@ async fn try_record(
         .await
     else {
         db_span.record("otel.status_code", "ERROR");
-        abandon(recording, session, state, &event.id).await;
+        abandon(
+            recording,
+            session,
+            &state.canceller,
+            &state.notifier,
+            state.deadline,
+            &event.id,
+        )
+        .await;
         return Err(IngestError::Deadline);
     };
     // Its statement has answered: the connection goes back to the pool clean.
@@ -319,16 +350,35 @@ async fn try_record(
 /// What the record statement gives back: its connection, and its answer.
 type Answered = (db::Client, Result<Recorded, tokio_postgres::Error>);
 
+/// What an abandoned statement that committed after all wrote, for its log
+/// line and the relays' wake-up.
+pub(crate) trait Landed {
+    /// Deliveries it claimed (first deliveries).
+    fn claimed(&self) -> usize;
+    /// Commands it enqueued.
+    fn enqueued(&self) -> i32;
+}
+
+impl Landed for Recorded {
+    fn claimed(&self) -> usize {
+        usize::from(self.delivery != Delivery::Replay)
+    }
+
+    fn enqueued(&self) -> i32 {
+        Recorded::enqueued(self)
+    }
+}
+
 /// The record statement on a connection it owns, so that a statement the
 /// deadline abandons can be handed to [`abandon`] together with its
 /// connection.
-async fn record_on(
+pub(crate) async fn record_on(
     client: db::Client,
     event: Arc<ProviderEvent>,
     raw: Arc<str>,
     trace_context: String,
 ) -> Answered {
-    let client = InFlight(Some(client));
+    let client = InFlight::new(client);
     let result = storage::record_event(client.get(), &event, &raw, Some(&trace_context)).await;
     (client.answered(), result)
 }
@@ -336,14 +386,18 @@ async fn record_on(
 /// A pooled connection with a statement in flight. Dropped before the
 /// statement answered, it is discarded rather than returned to the pool busy
 /// with a statement nobody waits for.
-struct InFlight(Option<db::Client>);
+pub(crate) struct InFlight(Option<db::Client>);
 
 impl InFlight {
-    fn get(&self) -> &db::Client {
+    pub(crate) fn new(client: db::Client) -> Self {
+        Self(Some(client))
+    }
+
+    pub(crate) fn get(&self) -> &db::Client {
         self.0.as_ref().expect("only `answered` takes the connection")
     }
 
-    fn answered(mut self) -> db::Client {
+    pub(crate) fn answered(mut self) -> db::Client {
         self.0.take().expect("only `answered` takes the connection")
     }
 }
@@ -361,7 +415,7 @@ impl Drop for InFlight {
 /// a millisecond or two, so the answer normally leaves once the statement
 /// has ended (rolled back, or committed just before the cancel arrived); an
 /// unreachable server costs the answer no more than this.
-const CANCEL_GRACE: Duration = Duration::from_millis(100);
+pub(crate) const CANCEL_GRACE: Duration = Duration::from_millis(100);
 
 /// The deadline passed with the record statement still running. Dropping it
 /// would not stop it: the server would run it on and might commit after the
@@ -377,14 +431,20 @@ const CANCEL_GRACE: Duration = Duration::from_millis(100);
 ///
 /// A commit that wins the race is not an error: the provider's retry finds
 /// the claim and is answered with the stored result (`Idempotent-Replayed`).
-async fn abandon<F>(recording: std::pin::Pin<Box<F>>, session: CancelToken, state: &AppState, event_id: &str)
-where
-    F: Future<Output = Answered> + Send + 'static,
+pub(crate) async fn abandon<F, T>(
+    recording: std::pin::Pin<Box<F>>,
+    session: CancelToken,
+    canceller: &db::connect::Canceller,
+    notifier: &Arc<crate::notifier::Notifier>,
+    wait: Duration,
+    event_id: &str,
+) where
+    F: Future<Output = (db::Client, Result<T, tokio_postgres::Error>)> + Send + 'static,
+    T: Landed + Send + 'static,
 {
     let (ended, ended_rx) = tokio::sync::oneshot::channel::<()>();
-    let canceller = state.canceller.clone();
-    let notifier = state.notifier.clone();
-    let wait = state.deadline;
+    let canceller = canceller.clone();
+    let notifier = notifier.clone();
     // Its own span (the request's ends with the 503), in the event's trace.
     let span = tracing::info_span!(parent: None, "cancel_abandoned_statement", webhook.event_id = event_id);
     let _ = span.set_parent(tracing::Span::current().context());
@@ -401,7 +461,7 @@ where
         match answered {
             Ok((client, Ok(recorded))) => {
                 tracing::warn!(
-                    claimed = recorded.delivery != Delivery::Replay,
+                    claimed = recorded.claimed(),
                     "the statement committed after all (the cancel came too late): the provider's retry will be answered with the stored result"
                 );
                 if recorded.enqueued() > 0 {

@@ -7,12 +7,14 @@
 //! - [`startup`]: [`startup::Application`]: listeners, pool, run until stopped.
 //! - [`http`]: the webhook handler: size, signature, parse, record.
 //! - [`storage`]: all SQL; the one-statement claim-and-apply.
+//! - [`batch`]: several payments per statement when they wait for connections.
 //! - [`error`]: every failure and the status the provider gets.
 //! - [`metrics`]: the Prometheus metrics.
 //! - [`notifier`]: wakes the relays after commits, coalescing `NOTIFY`s.
 //! - [`events`]: `webhook-ingest events list`, for operators.
 #![forbid(unsafe_code)]
 
+pub mod batch;
 pub mod config;
 pub mod error;
 pub mod events;

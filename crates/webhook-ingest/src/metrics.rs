@@ -20,6 +20,14 @@ pub struct IngestMetrics {
     /// Tries of the record statement that found their order locked past the
     /// session's `lock_timeout` (each then waited with no connection).
     pub lock_waits: Counter,
+    /// Statements that recorded several deliveries (crate::batch).
+    pub batches: Counter,
+    /// Deliveries those statements carried.
+    pub batched: Counter,
+    /// Deliveries a batch left alone, their order locked by someone else.
+    pub batch_contended: Counter,
+    /// Batches that failed and wrote nothing (each delivery then alone).
+    pub batch_failures: Counter,
 }
 
 /// Buckets from 0.5 ms to the longest deadline worth having: the interesting
@@ -34,6 +42,10 @@ impl IngestMetrics {
             requests: Family::default(),
             duration: Histogram::new(DURATION_BUCKETS),
             lock_waits: Counter::default(),
+            batches: Counter::default(),
+            batched: Counter::default(),
+            batch_contended: Counter::default(),
+            batch_failures: Counter::default(),
         };
         registry.register(
             "webhook_requests",
@@ -49,6 +61,26 @@ impl IngestMetrics {
             "webhook_order_lock_waits",
             "Tries that found their order locked for longer than lock_timeout, and waited with no connection",
             metrics.lock_waits.clone(),
+        );
+        registry.register(
+            "webhook_record_batches",
+            "Statements that recorded several deliveries at once",
+            metrics.batches.clone(),
+        );
+        registry.register(
+            "webhook_record_batched_deliveries",
+            "Deliveries recorded by statements that recorded several at once",
+            metrics.batched.clone(),
+        );
+        registry.register(
+            "webhook_record_batch_contended",
+            "Deliveries a batch left to be recorded on their own, their order locked by another transaction",
+            metrics.batch_contended.clone(),
+        );
+        registry.register(
+            "webhook_record_batch_failures",
+            "Batches that failed and wrote nothing; each of their deliveries was then recorded on its own",
+            metrics.batch_failures.clone(),
         );
         metrics
     }

@@ -58,7 +58,14 @@ impl Application {
         let mut registry = Registry::default();
         let metrics = IngestMetrics::register(&mut registry);
         let notifier = Arc::new(Notifier::default());
+        let batcher = Arc::new(crate::batch::Batcher::new(
+            database.canceller(),
+            notifier.clone(),
+            metrics.clone(),
+            deadline,
+        ));
         let state = web::Data::new(AppState {
+            batcher,
             pool: pool.clone(),
             canceller: database.canceller(),
             verifier,

@@ -98,6 +98,8 @@ pub struct Evidence {
 pub enum Violation {
     /// An event's recorded outcome is not what the rule gives in commit order.
     Outcome,
+    /// An event of an existing order recorded against no order, or another.
+    WrongOrder,
     /// The order's final status is not the model's.
     FinalStatus,
     /// A confirmation count other than the model's.
@@ -308,10 +310,27 @@ pub fn check(e: &Evidence) -> Report {
         }
     }
 
-    // Per order.
+    // Per order: each claim under the order its event was planned for, so an
+    // event recorded against no order (or another) is checked with its own.
     let mut by_order: BTreeMap<i64, Vec<&Claim>> = BTreeMap::new();
     for c in &e.claims {
-        if let Some(o) = c.order_id {
+        // Ignored types are recorded against no order, by design.
+        let planned = e
+            .planned
+            .get(&c.event_id)
+            .and_then(|(_, o)| *o)
+            .filter(|_| event_kind(&c.event_type) != EventKind::Other);
+        if planned.is_some() && c.order_id != planned {
+            r.flag(
+                Violation::WrongOrder,
+                planned.unwrap_or(0),
+                &format!(
+                    "{} recorded {} against order {:?}, planned for {:?}",
+                    c.event_id, c.status, c.order_id, planned
+                ),
+            );
+        }
+        if let Some(o) = planned.or(c.order_id) {
             by_order.entry(o).or_default().push(c);
         }
     }

@@ -201,6 +201,16 @@ fn plan(rng: &mut StdRng, orders: i64, retained: &HashSet<i64>) -> (Vec<Vec<Plan
     (phase1, phase2)
 }
 
+/// Which ingest an event's first delivery goes to: a hash of its id, so the
+/// distinct events of one order meet in one ingest (and in one of its
+/// batches) as often as they are split between the two.
+fn spread(id: &str) -> usize {
+    let hash = id.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    (hash >> 32) as usize
+}
+
 /// Delivers one event until it gets a 200 (a provider retries on anything
 /// else, and on its own timeout), recording every attempt.
 async fn deliver(
@@ -214,7 +224,7 @@ async fn deliver(
     let started = Instant::now();
     let mut attempt = 0usize;
     loop {
-        let target = &ingests[(attempt + p.id.len()) % ingests.len()];
+        let target = &ingests[(attempt + spread(&p.id)) % ingests.len()];
         attempt += 1;
         let sent_us = now_us();
         let result = try_post_signed(http, target, &body, SECRET, &[]).await;
@@ -278,8 +288,14 @@ async fn deliver_all(
         .await;
 }
 
-fn ingest_env(url: &str, port: u16, admin: u16) -> Vec<(String, String)> {
+/// The first ingest runs with a pool of two connections, so its payments
+/// wait for connections and are recorded several per statement
+/// (`webhook_ingest::batch`); the second with the default pool, where they
+/// mostly run alone. Both kinds race each other for the same orders.
+fn ingest_env(url: &str, port: u16, admin: u16, which: usize) -> Vec<(String, String)> {
+    let pool = if which == 0 { "2" } else { "16" };
     vec![
+        ("DATABASE_POOL_SIZE".into(), pool.into()),
         ("DATABASE_URL".into(), url.into()),
         ("WEBHOOK_SECRETS".into(), SECRET.into()),
         ("INGEST_LISTEN_ADDR".into(), format!("127.0.0.1:{port}")),
@@ -381,7 +397,7 @@ async fn every_order_ends_as_the_domain_rules_say_whatever_the_interleaving() {
         .map(|i| {
             Proc::spawn(
                 "webhook-ingest",
-                &ingest_env(&ingest_url, ports[i], admins[i]),
+                &ingest_env(&ingest_url, ports[i], admins[i], i),
                 &dir.0,
             )
         })
@@ -427,7 +443,7 @@ async fn every_order_ends_as_the_domain_rules_say_whatever_the_interleaving() {
                 let _ = ingests[0].child.wait();
                 ingests[0] = Proc::spawn(
                     "webhook-ingest",
-                    &ingest_env(&ingest_url, ports[0], admins[0]),
+                    &ingest_env(&ingest_url, ports[0], admins[0], 0),
                     &dir.0,
                 );
                 ingest_killed = true;
@@ -519,6 +535,31 @@ async fn every_order_ends_as_the_domain_rules_say_whatever_the_interleaving() {
     // Phase 2: resends and new refunds of the retained orders.
     deliver_all(&http, &targets, &phase2, 2, 24, &log).await;
     wait_until_drained(&client, Duration::from_secs(120)).await;
+    // The histories went through batches (else this test proves nothing of
+    // them). After a chaos run's SIGKILL the first ingest's counters restart,
+    // so they are read from both.
+    let mut batched = 0.0;
+    for admin in admins {
+        let text = http
+            .get(format!("http://127.0.0.1:{admin}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let metrics = testkit::metrics::Metrics::parse(&text);
+        let get = |name: &str| metrics.find(name, &[]).unwrap_or(0.0);
+        eprintln!(
+            "history: ingest at {admin}: {} batches of {} deliveries, {} left alone (order locked), {} batches failed",
+            get("webhook_record_batches_total"),
+            get("webhook_record_batched_deliveries_total"),
+            get("webhook_record_batch_contended_total"),
+            get("webhook_record_batch_failures_total"),
+        );
+        batched += get("webhook_record_batched_deliveries_total");
+    }
+    assert!(batched > 0.0, "no delivery was recorded in a batch");
     for relay in &mut relays {
         relay.stop(Duration::from_secs(10));
     }

@@ -39,7 +39,7 @@ use db::{Column, Executor, Sql, col};
 use domain::EventOutcome;
 use tokio_postgres::types::{FromSql, Type};
 
-pub use record::{Delivery, Recorded, record_event};
+pub use record::{Delivery, Pending, Recorded, batchable, record_event, record_events};
 
 /// Every statement the ingest runs, for the test that prepares each against
 /// the migrated schema.
@@ -47,6 +47,7 @@ pub const STATEMENTS: &[&Sql] = &[
     &record::RECORD_EVENT,
     &record::RECORD_EVENT_STOPPING_SHIPMENT,
     &record::RECORD_CLAIM_ONLY,
+    &record::RECORD_EVENTS_BATCH,
     &WAKE_RELAYS,
     &LIST_EVENTS,
 ];

@@ -59,6 +59,33 @@ pub(super) const RECORD_CLAIM_ONLY: Sql = Sql::new(
 )
 .returning(RECORDED);
 
+/// What the batch statement returns: each row names its event by `n`, its
+/// place (from 1) in the batch.
+const RECORDED_IN_BATCH: &[db::Column] = &[
+    col("n", Type::INT4),
+    col("claimed", Type::BOOL),
+    col("body", Type::TEXT),
+    col("status", Type::TEXT),
+    col("enqueued", Type::INT4),
+];
+
+/// Claim, change the order, enqueue, for several payments at once
+/// (`record_events_batch.sql`; see `crate::batch`).
+pub(super) const RECORD_EVENTS_BATCH: Sql = Sql::new(
+    "webhook-ingest/record_events_batch.sql",
+    include_str!("record_events_batch.sql"),
+    &[
+        Type::TEXT_ARRAY, // event_id
+        Type::TEXT_ARRAY, // event_type
+        Type::TEXT_ARRAY, // payment_id
+        Type::TEXT_ARRAY, // plan (JSON)
+        Type::TEXT_ARRAY, // body (JSON)
+        Type::TEXT_ARRAY, // trace_context
+        Type::INT4,       // payload_version
+    ],
+)
+.returning(RECORDED_IN_BATCH);
+
 /// The shipment a refund stops.
 const SHIPMENT: CommandKind = CommandKind::ShipOrder;
 
@@ -167,6 +194,68 @@ pub async fn record_event(
         }
     };
     Recorded::from_row(&row)
+}
+
+/// One delivery of a batch: the verified event, its body as delivered and
+/// its request's `traceparent`.
+pub struct Pending<'a> {
+    pub event: &'a ProviderEvent,
+    pub raw_body: &'a str,
+    pub trace_context: &'a str,
+}
+
+/// Whether an event may be recorded in a batch: the kinds whose statement is
+/// `record_event.sql` (payments). Refunds and ignored types are rare, and
+/// keep their own statements.
+pub fn batchable(event: &ProviderEvent) -> bool {
+    Plan::of_kind(event.kind).shape == Shape::Apply
+}
+
+/// Claims and applies several [`batchable`] events in one statement, one
+/// transaction. The batch must hold no two events of one id or of one
+/// payment id. Each event gets its own answer, in the batch's order; `None`
+/// for one that was left alone because another transaction held its order
+/// locked (the batch waits for no order): nothing of it was written, and it
+/// is recorded on its own by [`record_event`].
+pub async fn record_events(
+    client: &db::Client,
+    batch: &[Pending<'_>],
+) -> Result<Vec<Option<Recorded>>, tokio_postgres::Error> {
+    let ids: Vec<&str> = batch.iter().map(|p| p.event.id.as_str()).collect();
+    let types: Vec<&str> = batch.iter().map(|p| p.event.event_type.as_str()).collect();
+    let payments: Vec<Option<&str>> = batch.iter().map(|p| p.event.payment_id.as_deref()).collect();
+    let plans: Vec<&str> = batch
+        .iter()
+        .map(|p| Plan::of_kind(p.event.kind).json.as_str())
+        .collect();
+    let bodies: Vec<&str> = batch.iter().map(|p| p.raw_body).collect();
+    let traces: Vec<&str> = batch.iter().map(|p| p.trace_context).collect();
+    let rows = RECORD_EVENTS_BATCH
+        .query(
+            client,
+            &[
+                &ids,
+                &types,
+                &payments,
+                &plans,
+                &bodies,
+                &traces,
+                &PAYLOAD_VERSION,
+            ],
+        )
+        .await?;
+    let mut answers: Vec<Option<Recorded>> = vec![None; batch.len()];
+    for row in &rows {
+        let n: i32 = row.try_get("n")?;
+        let slot = usize::try_from(n)
+            .ok()
+            .and_then(|n| n.checked_sub(1))
+            .and_then(|i| answers.get_mut(i));
+        if let Some(slot) = slot {
+            *slot = Some(Recorded::from_row(row)?);
+        }
+    }
+    Ok(answers)
 }
 
 #[cfg(test)]
