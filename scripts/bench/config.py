@@ -1,4 +1,4 @@
-"""Modes and sizes (BENCH_QUICK, BENCH_SECS, BENCH_PHASES), the constants
+"""Modes and sizes (BENCH_QUICK, BENCH_SECS, BENCH_PHASES, BENCH_BIN), the constants
 every phase shares, the error type and the log line."""
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-BIN = ROOT / "target" / "release"
+# The binaries measured; BENCH_BIN points at another build's directory (to
+# compare two commits' binaries with the same harness, docs/BENCHMARK.md).
+BIN = Path(os.environ.get("BENCH_BIN") or ROOT / "target" / "release")
 OUT = ROOT / "target" / "bench"
 LOGS = OUT / "logs"
 BENCH_REFERENCES = ROOT / "bench"

@@ -71,6 +71,15 @@ pub struct ConnectOptions {
     /// Commit without waiting for the WAL flush (`synchronous_commit=off`).
     /// Only for writes that may be lost in a server crash without harm.
     pub asynchronous_commit: bool,
+    /// Plan each prepared statement once per connection, for any parameters
+    /// (`plan_cache_mode=force_generic_plan`). Postgres otherwise plans a
+    /// statement anew on every execution while its custom plans look cheaper
+    /// than the generic one, as they always do for a statement over arrays
+    /// whose lengths the planner sees (measured: 0.74 ms of planning per
+    /// execution of the ingest's batch statement, more than its execution).
+    /// For services whose statements have one good plan whatever their
+    /// parameters.
+    pub generic_plans: bool,
     /// Pool size: connections, not clients. Two cores saturate long before 16.
     pub pool_size: usize,
     /// How long a caller waits for a pooled connection (or a new one).
@@ -164,6 +173,9 @@ impl Database {
         }
         if options.asynchronous_commit {
             settings.push("-c synchronous_commit=off".to_owned());
+        }
+        if options.generic_plans {
+            settings.push("-c plan_cache_mode=force_generic_plan".to_owned());
         }
         add_options(&mut config, settings);
         config

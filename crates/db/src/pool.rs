@@ -93,6 +93,13 @@ impl Pool {
         self.mode
     }
 
+    /// Whether a connection can be had now without waiting: one is idle, or
+    /// there is room to open one.
+    pub fn has_room(&self) -> bool {
+        let status = self.inner.status();
+        status.available > 0 || status.size < status.max_size
+    }
+
     /// Closes idle connections and refuses new checkouts.
     pub fn close(&self) {
         self.inner.close();

@@ -47,6 +47,7 @@ impl Application {
             // which the downstream absorbs. Not waiting for the WAL flush is
             // what lets one relay keep up with a queue peer (make bench).
             asynchronous_commit: true,
+            generic_plans: false,
             pool_size: pool_size as usize,
             pool_wait: Duration::from_secs(5),
         });

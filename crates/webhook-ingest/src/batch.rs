@@ -1,7 +1,7 @@
 //! Several deliveries per statement, when they arrive together.
 //!
-//! A payment's first try does not take a connection for itself alone: it
-//! joins a queue, then waits for a connection. Whoever gets one takes the
+//! A payment that finds every connection busy does not wait for one for
+//! itself alone: it joins a queue, then waits for a connection. Whoever gets one takes the
 //! queue's head, up to [`MAX_BATCH`] deliveries of distinct event ids and
 //! distinct payment ids, and records them in one statement
 //! (`record_events_batch.sql`): one round trip, one executor start-up, one
@@ -10,8 +10,8 @@
 //! and waits for its answer.
 //!
 //! So batches form only when deliveries wait for connections, that is when
-//! the database is the bottleneck: at low load each delivery finds a free
-//! connection and runs alone, in exactly the statement it always did
+//! the database is the bottleneck: while a connection is free (and nobody
+//! is queued) a delivery runs alone, in exactly the statement it always did
 //! (`record_event.sql`), with nothing added to its latency. Measured on the
 //! references, eight events per statement cost a third of the database's
 //! CPU per event of one statement per event (docs/BENCHMARK.md).
@@ -63,8 +63,9 @@ pub enum Answer {
     /// alone, exactly what `record_event.sql` answered (an error included,
     /// which the caller handles as the first of its tries).
     Tried(Result<Recorded, tokio_postgres::Error>),
-    /// Nothing was written for it: its order was locked by someone else, or
-    /// its batch failed. It is to be recorded on its own.
+    /// Nothing was written for it: a connection was free (nothing to batch
+    /// with), its order was locked by someone else, or its batch failed. It
+    /// is to be recorded on its own.
     Alone,
     /// Its statement outlived the deadline and was cancelled (a 503).
     Deadline,
@@ -129,6 +130,11 @@ impl Batcher {
         deadline: Instant,
         trace_context: &str,
     ) -> Result<Answer, IngestError> {
+        // A connection free and nobody queued: nothing to batch with, and
+        // nothing to wait for. The delivery runs alone, as it always did.
+        if pool.has_room() && self.is_empty() {
+            return Ok(Answer::Alone);
+        }
         let (reply, mut answer) = oneshot::channel();
         let ticket = self.push(Job {
             ticket: 0,
@@ -182,6 +188,10 @@ impl Batcher {
         job.ticket = queue.next_ticket;
         queue.jobs.push_back(job);
         queue.next_ticket
+    }
+
+    fn is_empty(&self) -> bool {
+        self.queue.lock().expect("the batch queue's lock").jobs.is_empty()
     }
 
     fn queued(&self, ticket: u64) -> bool {

@@ -51,6 +51,9 @@ impl Application {
             abort_when_client_leaves: true,
             // The 200 promises the provider the event is recorded: durable commits.
             asynchronous_commit: false,
+            // Its statements have the same shape every time (the batch's arrays
+            // would otherwise be planned on every execution): see db::ConnectOptions.
+            generic_plans: true,
             pool_size: settings.database_pool_size as usize,
             pool_wait: deadline,
         });

@@ -46,6 +46,7 @@ pub fn prune_connect_options() -> db::ConnectOptions {
         lock_timeout: None,
         abort_when_client_leaves: false,
         asynchronous_commit: false,
+        generic_plans: false,
         pool_size: 1,
         pool_wait: Duration::from_secs(5),
     }

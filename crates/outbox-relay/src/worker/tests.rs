@@ -56,6 +56,7 @@ async fn env(rows: i64, flags: &[&str]) -> Env {
         lock_timeout: None,
         abort_when_client_leaves: false,
         asynchronous_commit: true,
+        generic_plans: false,
         pool_size: 4,
         pool_wait: Duration::from_secs(5),
     });

@@ -16,6 +16,7 @@ fn pool(env: &Env) -> db::Pool {
             lock_timeout: None,
             abort_when_client_leaves: false,
             asynchronous_commit: false,
+            generic_plans: false,
             pool_size: 1,
             pool_wait: Duration::from_secs(5),
         })

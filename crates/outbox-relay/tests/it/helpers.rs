@@ -79,6 +79,7 @@ impl Env {
             lock_timeout: None,
             abort_when_client_leaves: false,
             asynchronous_commit: true,
+            generic_plans: false,
             pool_size: 4,
             pool_wait: Duration::from_secs(5),
         });

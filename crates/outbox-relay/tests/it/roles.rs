@@ -135,6 +135,7 @@ fn pool(url: &str) -> db::Pool {
         lock_timeout: None,
         abort_when_client_leaves: false,
         asynchronous_commit: true,
+        generic_plans: false,
         pool_size: 1,
         pool_wait: Duration::from_secs(5),
     })

@@ -101,6 +101,7 @@ fn ingest_pool(db: &TestDb) -> db::Pool {
             lock_timeout: None,
             abort_when_client_leaves: false,
             asynchronous_commit: false,
+            generic_plans: false,
             pool_size: 1,
             pool_wait: Duration::from_secs(5),
         })
