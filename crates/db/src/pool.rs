@@ -100,6 +100,12 @@ impl Pool {
         status.available > 0 || status.size < status.max_size
     }
 
+    /// Connections checked out now (each running, or about to run, a statement).
+    pub fn busy(&self) -> usize {
+        let status = self.inner.status();
+        status.size.saturating_sub(status.available)
+    }
+
     /// Closes idle connections and refuses new checkouts.
     pub fn close(&self) {
         self.inner.close();

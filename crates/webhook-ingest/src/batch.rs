@@ -1,20 +1,20 @@
 //! Several deliveries per statement, when they arrive together.
 //!
-//! A payment that finds every connection busy does not wait for one for
-//! itself alone: it joins a queue, then waits for a connection. Whoever gets one takes the
-//! queue's head, up to [`MAX_BATCH`] deliveries of distinct event ids and
-//! distinct payment ids, and records them in one statement
-//! (`record_events_batch.sql`): one round trip, one executor start-up, one
-//! commit for all of them. A delivery whose own connection arrives after its
-//! turn came hands the connection to the next batch (or back to the pool)
-//! and waits for its answer.
+//! A payment that finds other statements running does not wait for a
+//! connection for itself alone: it joins a queue, then waits for a
+//! connection. Whoever gets one takes the queue's head, up to [`MAX_BATCH`]
+//! deliveries of distinct event ids and distinct payment ids, and records
+//! them in one statement (`record_events_batch.sql`): one round trip, one
+//! executor start-up, one commit for all of them. A delivery whose own
+//! connection arrives after its turn came hands the connection to the next
+//! batch (or back to the pool) and waits for its answer.
 //!
-//! So batches form only when deliveries wait for connections, that is when
-//! the database is the bottleneck: while a connection is free (and nobody
-//! is queued) a delivery runs alone, in exactly the statement it always did
-//! (`record_event.sql`), with nothing added to its latency. Measured on the
-//! references, eight events per statement cost a third of the database's
-//! CPU per event of one statement per event (docs/BENCHMARK.md).
+//! So batches form only when deliveries overlap: while at most one
+//! statement runs (a connection free, nobody queued) a delivery runs alone,
+//! in exactly the statement it always did (`record_event.sql`), with
+//! nothing added to its latency. Measured on the references, eight events
+//! per statement cost a third of the database's CPU per event of one
+//! statement per event (docs/BENCHMARK.md).
 //!
 //! What each delivery is promised does not change:
 //! - Each is answered from its own row of the result. No two deliveries of
@@ -55,6 +55,9 @@ use crate::storage::{self, Pending, Recorded};
 /// start-up, the commit and the round trip once for eight; more would hold
 /// more orders' locks for longer, and make a batch's failure costlier.
 pub const MAX_BATCH: usize = 8;
+
+/// Statements running below which a payment runs alone rather than queue.
+pub const ALONE_BELOW: usize = 2;
 
 /// What a delivery's turn in the queue gave it.
 #[derive(Debug)]
@@ -130,9 +133,11 @@ impl Batcher {
         deadline: Instant,
         trace_context: &str,
     ) -> Result<Answer, IngestError> {
-        // A connection free and nobody queued: nothing to batch with, and
-        // nothing to wait for. The delivery runs alone, as it always did.
-        if pool.has_room() && self.is_empty() {
+        // At most one statement running, a connection free and nobody
+        // queued: nothing to batch with, and nothing to wait for. The
+        // delivery runs alone, as it always did. (Running alone whenever a
+        // connection is free left busy cores unbatched: docs/BENCHMARK.md.)
+        if pool.busy() < ALONE_BELOW && pool.has_room() && self.is_empty() {
             return Ok(Answer::Alone);
         }
         let (reply, mut answer) = oneshot::channel();
