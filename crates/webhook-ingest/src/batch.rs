@@ -43,7 +43,6 @@ use domain::ProviderEvent;
 use tokio::sync::oneshot;
 use tokio::time::{Instant, timeout_at};
 use tracing::Instrument as _;
-use tracing::field::Empty;
 
 use crate::error::IngestError;
 use crate::http::{self, Landed};
@@ -255,21 +254,11 @@ impl Batcher {
             .map(|j| j.deadline)
             .min()
             .expect("a batch holds a delivery");
-        let session = self.canceller.session_of(&client);
         let size = jobs.len();
         let spans: Vec<tracing::Span> = jobs
             .iter()
             .map(|job| {
-                let span = tracing::info_span!(
-                    parent: &job.span,
-                    "record_event",
-                    otel.kind = "client",
-                    otel.status_code = Empty,
-                    db.system.name = "postgresql",
-                    db.operation.name = "record_event",
-                    db.query.summary = "record_event processed_events orders outbox",
-                    db.operation.batch.size = Empty,
-                );
+                let span = http::record_span(&job.span);
                 if size > 1 {
                     span.record("db.operation.batch.size", size);
                 }
@@ -278,35 +267,28 @@ impl Batcher {
             .collect();
         if size == 1 {
             let job = jobs.pop().expect("one delivery");
-            let mut recording = Box::pin(http::record_on(
+            let answer = match http::record_alone(
                 client,
-                job.event.clone(),
-                job.raw.clone(),
-                job.trace_context.clone(),
-            ));
-            let answer = match timeout_at(deadline, &mut recording)
-                .instrument(spans[0].clone())
-                .await
+                &job.event,
+                &job.raw,
+                &job.trace_context,
+                deadline,
+                &spans[0],
+                &self.canceller,
+                &self.notifier,
+                self.deadline,
+            )
+            .await
             {
-                Ok((client, result)) => {
-                    drop(client);
-                    if result.is_err() {
-                        spans[0].record("otel.status_code", "ERROR");
-                    }
-                    Answer::Tried(result)
-                }
-                Err(_) => {
-                    spans[0].record("otel.status_code", "ERROR");
-                    self.abandon(recording, session, &job.event.id)
-                        .instrument(spans[0].clone())
-                        .await;
-                    Answer::Deadline
-                }
+                Ok(result) => Answer::Tried(result),
+                Err(_) => Answer::Deadline,
             };
             let _ = job.reply.send(answer);
             return;
         }
 
+        // Taken now: once the statement is sent, its connection belongs to it.
+        let session = self.canceller.session_of(&client);
         let mut recording = Box::pin(record_batch_on(client, jobs.iter().map(Job::parts).collect()));
         let answered = timeout_at(deadline, &mut recording)
             .instrument(spans[0].clone())

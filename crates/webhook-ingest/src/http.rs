@@ -290,10 +290,7 @@ fn lock_backoff(tries: u32) -> Duration {
     ceiling.mul_f64(rand::random::<f64>().max(0.1))
 }
 
-/// One try of the record statement on a pooled connection, under the
-/// deadline: `Err` when the deadline passed (the statement is abandoned and
-/// cancelled), else the statement's own answer, its connection back in the
-/// pool.
+/// One try of the record statement on a pooled connection ([`record_alone`]).
 async fn try_record(
     event: &Arc<ProviderEvent>,
     raw: &Arc<str>,
@@ -305,18 +302,57 @@ async fn try_record(
         .await
         .map_err(|_| IngestError::Deadline)?
         .map_err(|e| IngestError::Unavailable(process::logs::error_chain(&e)))?;
-    // Taken now: once the statement is sent, its connection belongs to it.
-    let session = state.canceller.session_of(&client);
-    // Database client span (semantic conventions): the one statement, as far
-    // as the handler waits for it.
-    let db_span = tracing::info_span!(
+    let span = record_span(&tracing::Span::current());
+    record_alone(
+        client,
+        event,
+        raw,
+        trace_context,
+        deadline,
+        &span,
+        &state.canceller,
+        &state.notifier,
+        state.deadline,
+    )
+    .await
+}
+
+/// Database client span (semantic conventions) of a record statement, as
+/// far as the delivery waits for it, under the delivery's span `parent`.
+pub(crate) fn record_span(parent: &tracing::Span) -> tracing::Span {
+    tracing::info_span!(
+        parent: parent,
         "record_event",
         otel.kind = "client",
         otel.status_code = Empty,
         db.system.name = "postgresql",
         db.operation.name = "record_event",
         db.query.summary = "record_event processed_events orders outbox",
-    );
+        db.operation.batch.size = Empty,
+    )
+}
+
+/// One delivery's record statement on `client`, in `span`, under the
+/// deadline: `Err` when the deadline passed (the statement is abandoned and
+/// cancelled, see [`abandon`]), else the statement's own answer, its
+/// connection back in the pool.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the lone statement and the batch of one share it, each holding these parts apart"
+)]
+pub(crate) async fn record_alone(
+    client: db::Client,
+    event: &Arc<ProviderEvent>,
+    raw: &Arc<str>,
+    trace_context: &str,
+    deadline: tokio::time::Instant,
+    span: &tracing::Span,
+    canceller: &db::connect::Canceller,
+    notifier: &Arc<crate::notifier::Notifier>,
+    wait: Duration,
+) -> Result<Result<Recorded, tokio_postgres::Error>, IngestError> {
+    // Taken now: once the statement is sent, its connection belongs to it.
+    let session = canceller.session_of(&client);
     let mut recording = Box::pin(record_on(
         client,
         event.clone(),
@@ -324,25 +360,17 @@ async fn try_record(
         trace_context.to_owned(),
     ));
     let Ok((client, result)) = timeout_at(deadline, &mut recording)
-        .instrument(db_span.clone())
+        .instrument(span.clone())
         .await
     else {
-        db_span.record("otel.status_code", "ERROR");
-        abandon(
-            recording,
-            session,
-            &state.canceller,
-            &state.notifier,
-            state.deadline,
-            &event.id,
-        )
-        .await;
+        span.record("otel.status_code", "ERROR");
+        abandon(recording, session, canceller, notifier, wait, &event.id).await;
         return Err(IngestError::Deadline);
     };
     // Its statement has answered: the connection goes back to the pool clean.
     drop(client);
     if result.is_err() {
-        db_span.record("otel.status_code", "ERROR");
+        span.record("otel.status_code", "ERROR");
     }
     Ok(result)
 }
@@ -372,7 +400,7 @@ impl Landed for Recorded {
 /// The record statement on a connection it owns, so that a statement the
 /// deadline abandons can be handed to [`abandon`] together with its
 /// connection.
-pub(crate) async fn record_on(
+async fn record_on(
     client: db::Client,
     event: Arc<ProviderEvent>,
     raw: Arc<str>,

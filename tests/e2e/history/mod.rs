@@ -540,15 +540,7 @@ async fn every_order_ends_as_the_domain_rules_say_whatever_the_interleaving() {
     // so they are read from both.
     let mut batched = 0.0;
     for admin in admins {
-        let text = http
-            .get(format!("http://127.0.0.1:{admin}/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        let metrics = testkit::metrics::Metrics::parse(&text);
+        let metrics = crate::harness::metrics(&http, &format!("http://127.0.0.1:{admin}")).await;
         let get = |name: &str| metrics.find(name, &[]).unwrap_or(0.0);
         eprintln!(
             "history: ingest at {admin}: {} batches of {} deliveries, {} left alone (order locked), {} batches failed",
