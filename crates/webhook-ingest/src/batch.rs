@@ -1,20 +1,24 @@
 //! Several deliveries per statement, when they arrive together.
 //!
-//! A payment that finds other statements running does not wait for a
-//! connection for itself alone: it joins a queue, then waits for a
-//! connection. Whoever gets one takes the queue's head, up to [`MAX_BATCH`]
-//! deliveries of distinct event ids and distinct payment ids, and records
-//! them in one statement (`record_events_batch.sql`): one round trip, one
-//! executor start-up, one commit for all of them. A delivery whose own
-//! connection arrives after its turn came hands the connection to the next
-//! batch (or back to the pool) and waits for its answer.
+//! Payments are recorded by leaders: a leader takes the queue's head, up to
+//! [`MAX_BATCH`] deliveries of distinct event ids and distinct payment ids,
+//! records them in one statement (`record_events_batch.sql`; a batch of one
+//! runs `record_event.sql`, exactly the statement a lone payment always
+//! ran), answers each from its own row, and goes back to the queue for
+//! whatever arrived meanwhile. It retires when the queue is empty. This is
+//! group commit: one round trip, one executor start-up and one commit for
+//! every payment that arrived while the statement before them ran.
 //!
-//! So batches form only when deliveries overlap: while at most one
-//! statement runs (a connection free, nobody queued) a delivery runs alone,
-//! in exactly the statement it always did (`record_event.sql`), with
-//! nothing added to its latency. Measured on the references, eight events
-//! per statement cost a third of the database's CPU per event of one
-//! statement per event (docs/BENCHMARK.md).
+//! A payment that arrives with no leader running starts one at once, so an
+//! idle ingest answers as fast as it did without batching. Otherwise it
+//! queues behind the running statement (a millisecond or two), and starts
+//! another leader only when a full batch waits (the running ones cannot
+//! keep up) or when it has waited [`LINGER`] (the statement ahead is slow:
+//! a lone payment waiting for its order's lock, say). A leader also retires
+//! when others run and less than a full batch waits, so leaders are as many
+//! as the load needs and no more: more statements in flight than the load
+//! needs would split the arrivals into smaller batches, each paying the
+//! statement's and the commit's cost again. Measured: docs/BENCHMARK.md.
 //!
 //! What each delivery is promised does not change:
 //! - Each is answered from its own row of the result. No two deliveries of
@@ -41,7 +45,7 @@ use std::time::Duration;
 
 use domain::ProviderEvent;
 use tokio::sync::oneshot;
-use tokio::time::{Instant, timeout_at};
+use tokio::time::{Instant, sleep_until, timeout_at};
 use tracing::Instrument as _;
 
 use crate::error::IngestError;
@@ -55,28 +59,33 @@ use crate::storage::{self, Pending, Recorded};
 /// more orders' locks for longer, and make a batch's failure costlier.
 pub const MAX_BATCH: usize = 8;
 
-/// Statements running below which a payment runs alone rather than queue.
-pub const ALONE_BELOW: usize = 2;
+/// How long a queued payment waits for the leaders running before it
+/// starts one of its own. Longer than a statement normally takes under
+/// load (1 to 5 ms here), so it does not split batches; short beside the
+/// deadline, for the rare statement that waits (a lone payment whose order
+/// someone holds locked waits up to `lock_timeout`, up to 100 ms).
+pub const LINGER: Duration = Duration::from_millis(10);
 
 /// What a delivery's turn in the queue gave it.
 #[derive(Debug)]
 pub enum Answer {
-    /// The statement's answer: its own row of a batch, or, when it ran
-    /// alone, exactly what `record_event.sql` answered (an error included,
+    /// The statement's answer: its own row of a batch, or, in a batch of
+    /// one, exactly what `record_event.sql` answered (an error included,
     /// which the caller handles as the first of its tries).
     Tried(Result<Recorded, tokio_postgres::Error>),
-    /// Nothing was written for it: a connection was free (nothing to batch
-    /// with), its order was locked by someone else, or its batch failed. It
-    /// is to be recorded on its own.
+    /// Nothing was written for it: its order was locked by someone else,
+    /// or its batch failed. It is to be recorded on its own.
     Alone,
     /// Its statement outlived the deadline and was cancelled (a 503).
     Deadline,
+    /// No connection could be had for its batch (the error's causes).
+    Unavailable(String),
 }
 
-/// The queue of deliveries waiting for a connection, and what a batch
-/// needs once it has one.
+/// The queue of deliveries waiting for a leader, and what a batch needs.
 pub struct Batcher {
     queue: Mutex<Queue>,
+    pool: db::Pool,
     canceller: db::connect::Canceller,
     notifier: Arc<Notifier>,
     metrics: IngestMetrics,
@@ -88,6 +97,22 @@ pub struct Batcher {
 struct Queue {
     next_ticket: u64,
     jobs: VecDeque<Job>,
+    /// Leaders running (each recording a batch, or about to).
+    leaders: usize,
+}
+
+impl Queue {
+    /// Whether a delivery queued now should start a leader: none runs, or a
+    /// full batch waits beyond what the running ones are taking.
+    fn wants_leader(&self) -> bool {
+        self.leaders == 0 || self.jobs.len() >= MAX_BATCH
+    }
+
+    /// Whether a leader whose statement just ended stops here: nothing is
+    /// queued, or others run and less than a full batch waits for them.
+    fn leader_retires(&self) -> bool {
+        self.jobs.is_empty() || (self.leaders > 1 && self.jobs.len() < MAX_BATCH)
+    }
 }
 
 struct Job {
@@ -108,6 +133,7 @@ const ANSWER_SLACK: Duration = Duration::from_millis(50);
 
 impl Batcher {
     pub fn new(
+        pool: db::Pool,
         canceller: db::connect::Canceller,
         notifier: Arc<Notifier>,
         metrics: IngestMetrics,
@@ -115,6 +141,7 @@ impl Batcher {
     ) -> Self {
         Self {
             queue: Mutex::default(),
+            pool,
             canceller,
             notifier,
             metrics,
@@ -123,24 +150,16 @@ impl Batcher {
     }
 
     /// The first try of a [`storage::batchable`] delivery, in the current
-    /// (request) span: queued, recorded by whichever batch takes it.
+    /// (request) span: queued, recorded by whichever leader takes it.
     pub async fn record(
         self: &Arc<Self>,
-        pool: &db::Pool,
         event: &Arc<ProviderEvent>,
         raw: &Arc<str>,
         deadline: Instant,
         trace_context: &str,
     ) -> Result<Answer, IngestError> {
-        // At most one statement running, a connection free and nobody
-        // queued: nothing to batch with, and nothing to wait for. The
-        // delivery runs alone, as it always did. (Running alone whenever a
-        // connection is free left busy cores unbatched: docs/BENCHMARK.md.)
-        if pool.busy() < ALONE_BELOW && pool.has_room() && self.is_empty() {
-            return Ok(Answer::Alone);
-        }
         let (reply, mut answer) = oneshot::channel();
-        let ticket = self.push(Job {
+        let (ticket, lead) = self.push(Job {
             ticket: 0,
             event: event.clone(),
             raw: raw.clone(),
@@ -149,33 +168,32 @@ impl Batcher {
             span: tracing::Span::current(),
             reply,
         });
+        if lead {
+            tokio::spawn(self.clone().lead());
+        }
+        let mut linger = Instant::now() + LINGER;
         loop {
-            let client = tokio::select! {
+            tokio::select! {
                 biased;
                 answered = &mut answer => return Ok(answered.unwrap_or(Answer::Alone)),
-                client = timeout_at(deadline, pool.get()) => client,
-            };
-            match client {
-                Ok(Ok(client)) => {
-                    let jobs = self.take();
-                    if jobs.is_empty() {
-                        drop(client);
-                    } else {
-                        tokio::spawn(self.clone().run(client, jobs));
-                    }
-                    if !self.queued(ticket) {
-                        break;
-                    }
-                    // Still queued (the batch was full, or held its order or
-                    // id): another connection, for the next batch.
-                }
-                Err(_) if self.withdraw(ticket) => return Err(IngestError::Deadline),
-                Ok(Err(e)) if self.withdraw(ticket) => {
-                    return Err(IngestError::Unavailable(process::logs::error_chain(&e)));
-                }
-                // Taken by a batch meanwhile: its answer is on the way.
-                Err(_) | Ok(Err(_)) => break,
+                () = sleep_until(linger.min(deadline)) => {}
             }
+            if Instant::now() >= deadline {
+                if self.withdraw(ticket) {
+                    return Err(IngestError::Deadline);
+                }
+                break;
+            }
+            // Still queued after LINGER: the statements ahead are slow.
+            match self.lead_for(ticket) {
+                Some(true) => {
+                    tokio::spawn(self.clone().lead());
+                }
+                Some(false) => {}
+                // Taken by a batch meanwhile: its answer is on the way.
+                None => break,
+            }
+            linger += LINGER;
         }
         match timeout_at(deadline + http::CANCEL_GRACE + ANSWER_SLACK, answer).await {
             Ok(Ok(answered)) => Ok(answered),
@@ -186,21 +204,33 @@ impl Batcher {
         }
     }
 
-    fn push(&self, mut job: Job) -> u64 {
+    /// Queues `job`; its ticket, and whether the caller starts a leader
+    /// (counted as running from here).
+    fn push(&self, mut job: Job) -> (u64, bool) {
         let mut queue = self.queue.lock().expect("the batch queue's lock");
         queue.next_ticket += 1;
         job.ticket = queue.next_ticket;
         queue.jobs.push_back(job);
-        queue.next_ticket
+        let lead = queue.wants_leader();
+        if lead {
+            queue.leaders += 1;
+        }
+        (queue.next_ticket, lead)
     }
 
-    fn is_empty(&self) -> bool {
-        self.queue.lock().expect("the batch queue's lock").jobs.is_empty()
-    }
-
-    fn queued(&self, ticket: u64) -> bool {
-        let queue = self.queue.lock().expect("the batch queue's lock");
-        queue.jobs.iter().any(|j| j.ticket == ticket)
+    /// For a delivery that waited [`LINGER`]: `None` if it is no longer
+    /// queued, else whether the caller starts one more leader (counted as
+    /// running from here).
+    fn lead_for(&self, ticket: u64) -> Option<bool> {
+        let mut queue = self.queue.lock().expect("the batch queue's lock");
+        let position = queue.jobs.iter().position(|j| j.ticket == ticket)?;
+        // Those ahead of it in the queue started leaders of their own if
+        // they waited as long.
+        let lead = position < MAX_BATCH;
+        if lead {
+            queue.leaders += 1;
+        }
+        Some(lead)
     }
 
     /// Removes a delivery that gives up before any batch took it.
@@ -211,49 +241,48 @@ impl Batcher {
         queue.jobs.len() < before
     }
 
-    /// The next batch: the queue's oldest deliveries, up to [`MAX_BATCH`],
-    /// skipping (and keeping queued, in their order) any whose event id or
-    /// payment id the batch already holds. Deliveries whose requests have
-    /// gone (their answer would reach nobody) are dropped.
-    fn take(&self) -> Vec<Job> {
+    /// The next batch for a running leader, or `None` when it retires (and
+    /// is no longer counted).
+    fn next_batch(&self, first: bool) -> Option<Vec<Job>> {
         let mut queue = self.queue.lock().expect("the batch queue's lock");
-        let mut batch = Vec::new();
-        let mut ids = HashSet::new();
-        let mut payments = HashSet::new();
-        let mut kept = VecDeque::with_capacity(queue.jobs.len());
-        while let Some(job) = queue.jobs.pop_front() {
-            if job.reply.is_closed() {
-                continue;
-            }
-            let payment = job.event.payment_id.as_deref();
-            let fits = batch.len() < MAX_BATCH
-                && !ids.contains(job.event.id.as_str())
-                && payment.is_none_or(|p| !payments.contains(p));
-            if fits {
-                ids.insert(job.event.id.clone());
-                if let Some(p) = payment {
-                    payments.insert(p.to_owned());
+        queue.jobs.retain(|j| !j.reply.is_closed());
+        if queue.jobs.is_empty() || (!first && queue.leader_retires()) {
+            queue.leaders -= 1;
+            return None;
+        }
+        Some(take(&mut queue.jobs))
+    }
+
+    /// A leader: batches from the queue, one statement at a time, until it
+    /// retires.
+    async fn lead(self: Arc<Self>) {
+        let mut first = true;
+        while let Some(jobs) = self.next_batch(first) {
+            first = false;
+            let deadline = jobs
+                .iter()
+                .map(|j| j.deadline)
+                .min()
+                .expect("a batch holds a delivery");
+            match timeout_at(deadline, self.pool.get()).await {
+                Ok(Ok(client)) => self.run(client, jobs, deadline).await,
+                Ok(Err(e)) => {
+                    let error = process::logs::error_chain(&e);
+                    for job in jobs {
+                        let _ = job.reply.send(Answer::Unavailable(error.clone()));
+                    }
                 }
-                batch.push(job);
-            } else {
-                kept.push_back(job);
-            }
-            if batch.len() == MAX_BATCH {
-                break;
+                Err(_) => {
+                    for job in jobs {
+                        let _ = job.reply.send(Answer::Deadline);
+                    }
+                }
             }
         }
-        kept.append(&mut queue.jobs);
-        queue.jobs = kept;
-        batch
     }
 
     /// Runs one batch on `client` and answers each of its deliveries.
-    async fn run(self: Arc<Self>, client: db::Client, mut jobs: Vec<Job>) {
-        let deadline = jobs
-            .iter()
-            .map(|j| j.deadline)
-            .min()
-            .expect("a batch holds a delivery");
+    async fn run(&self, client: db::Client, mut jobs: Vec<Job>, deadline: Instant) {
         let size = jobs.len();
         let spans: Vec<tracing::Span> = jobs
             .iter()
@@ -358,6 +387,35 @@ impl Batcher {
         )
         .await;
     }
+}
+
+/// The next batch: the queue's oldest deliveries, up to [`MAX_BATCH`],
+/// skipping (and keeping queued, in their order) any whose event id or
+/// payment id the batch already holds.
+fn take(jobs: &mut VecDeque<Job>) -> Vec<Job> {
+    let mut batch = Vec::new();
+    let mut ids = HashSet::new();
+    let mut payments = HashSet::new();
+    let mut kept = VecDeque::with_capacity(jobs.len());
+    while let Some(job) = jobs.pop_front() {
+        let payment = job.event.payment_id.as_deref();
+        let fits = !ids.contains(job.event.id.as_str()) && payment.is_none_or(|p| !payments.contains(p));
+        if fits {
+            ids.insert(job.event.id.clone());
+            if let Some(p) = payment {
+                payments.insert(p.to_owned());
+            }
+            batch.push(job);
+        } else {
+            kept.push_back(job);
+        }
+        if batch.len() == MAX_BATCH {
+            break;
+        }
+    }
+    kept.append(jobs);
+    *jobs = kept;
+    batch
 }
 
 impl Job {

@@ -224,17 +224,18 @@ async fn record(
         .into();
 
     // A payment's first try is queued, and recorded with whatever other
-    // payments wait for a connection with it (crate::batch).
+    // payments arrived while the statement before them ran (crate::batch).
     let mut first = None;
     if storage::batchable(&event) {
         match state
             .batcher
-            .record(&state.pool, &event, &raw, deadline, trace_context)
+            .record(&event, &raw, deadline, trace_context)
             .await?
         {
             Answer::Tried(answer) => first = Some(answer),
             Answer::Alone => {}
             Answer::Deadline => return Err(IngestError::Deadline),
+            Answer::Unavailable(error) => return Err(IngestError::Unavailable(error)),
         }
     }
 

@@ -62,6 +62,7 @@ impl Application {
         let metrics = IngestMetrics::register(&mut registry);
         let notifier = Arc::new(Notifier::default());
         let batcher = Arc::new(crate::batch::Batcher::new(
+            pool.clone(),
             database.canceller(),
             notifier.clone(),
             metrics.clone(),
