@@ -62,6 +62,15 @@ class Bench:
             raise BenchError("no ingest peak measured")
         return max(peaks)
 
+    def e2e_peak_rps(self) -> float:
+        """The deployed shape's peak (relay.end_to_end_peak): webhooks answered
+        and delivered per second of the machine's cores."""
+        if self.report.get("e2e_peak_rps"):
+            return float(self.report["e2e_peak_rps"])
+        if os.environ.get("BENCH_E2E_PEAK_RPS"):
+            return float(os.environ["BENCH_E2E_PEAK_RPS"])
+        raise BenchError("no end-to-end peak measured (the relay phase measures it)")
+
     def record_rss(self) -> None:
         if self.ingest:
             self.rss["ingest"] = self.ingest.rss()

@@ -10,6 +10,7 @@
 use deadpool_postgres::{Manager, ManagerConfig, RecyclingMethod, Runtime};
 
 use crate::connect::{ConnectOptions, Database};
+use crate::sql::Sql;
 
 /// How the connections of a pool reach Postgres (`DATABASE_POOL_MODE`).
 ///
@@ -104,6 +105,47 @@ impl Pool {
     pub fn busy(&self) -> usize {
         let status = self.inner.status();
         status.size.saturating_sub(status.available)
+    }
+
+    /// Opens every connection the pool may hold and, in session mode,
+    /// prepares `statements` on each; returns them all, checked out, for the
+    /// caller to run what else warms a session (back in the pool when
+    /// dropped). The first requests after a start then find the pool warm,
+    /// instead of queueing behind logins, preparations and each session's
+    /// first plans under load. An error (the server's connection limit,
+    /// say) is returned only if no connection opened.
+    pub async fn open_all(&self, statements: &'static [&'static Sql]) -> Result<Vec<Client>, PoolError> {
+        let mut opening = tokio::task::JoinSet::new();
+        for _ in 0..self.inner.status().max_size {
+            let pool = self.clone();
+            // Each holds its connection until all are open, so that the
+            // pool opens as many as it may hold rather than reuse one.
+            opening.spawn(async move {
+                let client = pool.get().await?;
+                if client.mode() == PoolMode::Session {
+                    for sql in statements {
+                        client.object().prepare_typed_cached(sql.text, sql.types).await?;
+                    }
+                }
+                Ok::<_, PoolError>(client)
+            });
+        }
+        let mut warmed = Vec::new();
+        let mut first_error = None;
+        while let Some(done) = opening.join_next().await {
+            match done {
+                Ok(Ok(client)) => warmed.push(client),
+                Ok(Err(e)) => {
+                    first_error.get_or_insert(e);
+                }
+                // A panic in a task, which prepares nothing else: nothing to keep.
+                Err(_) => {}
+            }
+        }
+        match first_error {
+            Some(e) if warmed.is_empty() => Err(e),
+            _ => Ok(warmed),
+        }
     }
 
     /// Closes idle connections and refuses new checkouts.

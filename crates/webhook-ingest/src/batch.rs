@@ -136,8 +136,7 @@ impl Queue {
     /// and less than a full batch waits for them.
     fn next_batch(&mut self, first: bool) -> Option<Vec<Job>> {
         self.jobs.retain(|j| !j.reply.is_closed());
-        let retires = self.jobs.is_empty()
-            || (!first && self.leaders > 1 && self.jobs.len() < MAX_BATCH);
+        let retires = self.jobs.is_empty() || (!first && self.leaders > 1 && self.jobs.len() < MAX_BATCH);
         if retires {
             self.leaders -= 1;
             return None;
@@ -243,7 +242,10 @@ impl Batcher {
 
     /// For a delivery that waited [`LINGER`]: see [`Queue::lead_for`].
     fn lead_for(&self, ticket: u64) -> Option<bool> {
-        self.queue.lock().expect("the batch queue's lock").lead_for(ticket)
+        self.queue
+            .lock()
+            .expect("the batch queue's lock")
+            .lead_for(ticket)
     }
 
     /// Removes a delivery that gives up before any batch took it.
@@ -256,7 +258,10 @@ impl Batcher {
 
     /// See [`Queue::next_batch`].
     fn next_batch(&self, first: bool) -> Option<Vec<Job>> {
-        self.queue.lock().expect("the batch queue's lock").next_batch(first)
+        self.queue
+            .lock()
+            .expect("the batch queue's lock")
+            .next_batch(first)
     }
 
     /// A leader: batches from the queue, one statement at a time, until it
@@ -467,9 +472,8 @@ mod tests {
     /// its request alive.
     fn job(id: &str, order: u32) -> (Job, oneshot::Receiver<Answer>) {
         let (reply, answer) = oneshot::channel();
-        let body = format!(
-            r#"{{"id":"{id}","type":"payment.succeeded","data":{{"payment_id":"pay_{order}"}}}}"#
-        );
+        let body =
+            format!(r#"{{"id":"{id}","type":"payment.succeeded","data":{{"payment_id":"pay_{order}"}}}}"#);
         let job = Job {
             ticket: 0,
             event: Arc::new(ProviderEvent::parse(body.as_bytes()).expect("a payment")),

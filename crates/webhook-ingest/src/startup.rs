@@ -165,10 +165,28 @@ fn lock_retry_slots(pool_size: u32) -> usize {
 }
 
 /// `/readyz`: the database answers and its schema is the one this binary needs.
+/// `/readyz`: the database half ([`db::ready::check`]); the first time it
+/// passes, the pool is warmed first ([`crate::storage::warm`]), so that
+/// traffic sent on the first ready answer finds no cold connection.
 fn readiness(pool: db::Pool) -> Readiness {
+    let warmed = Arc::new(tokio::sync::OnceCell::new());
     Arc::new(move || {
-        let pool = pool.clone();
-        Box::pin(async move { db::ready::check(&pool).await })
+        let (pool, warmed) = (pool.clone(), warmed.clone());
+        Box::pin(async move {
+            db::ready::check(&pool).await?;
+            warmed
+                .get_or_init(|| async {
+                    match crate::storage::warm(&pool).await {
+                        Ok(connections) => tracing::info!(connections, "connection pool warmed"),
+                        Err(e) => tracing::warn!(
+                            error = %process::logs::error_chain(&e),
+                            "could not warm the connection pool; connections open on demand"
+                        ),
+                    }
+                })
+                .await;
+            Ok(())
+        })
     })
 }
 

@@ -52,6 +52,22 @@ pub const STATEMENTS: &[&Sql] = &[
     &LIST_EVENTS,
 ];
 
+/// Opens every connection of `pool` with the ingest's statements prepared
+/// ([`db::Pool::open_all`]) and runs the batch statement once on each with
+/// no event in it (it writes nothing): each session has then read the
+/// tables' and indexes' catalog entries and planned the statement most
+/// payments go through. Measured: an ingest whose sessions were new
+/// answered its first seconds at 2,500 req/s with a p99 of 35-100 ms,
+/// against 9-16 ms for the same load a moment later. Returns how many
+/// connections it warmed.
+pub async fn warm(pool: &db::Pool) -> Result<usize, db::PoolError> {
+    let clients = pool.open_all(STATEMENTS).await?;
+    for client in &clients {
+        record_events(client, &[]).await?;
+    }
+    Ok(clients.len())
+}
+
 /// An event's `status` column, decoded: a name no [`EventOutcome`] has is an
 /// error of the row, not a string for someone to parse later.
 struct StoredOutcome(EventOutcome);

@@ -18,3 +18,4 @@ mod shutdown;
 mod signatures;
 mod slow_bodies;
 mod terminal;
+mod warm;
