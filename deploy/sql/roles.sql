@@ -89,6 +89,15 @@ ALTER ROLE ingest_app SET client_connection_check_interval = '250ms';
 --   not wait for the WAL flush.
 ALTER ROLE relay_app SET statement_timeout = '30s';
 ALTER ROLE relay_app SET synchronous_commit = off;
+--   the relay's prune: it compresses the full-page images of its WAL (most
+--   of what deleting old rows writes, which the ingest's commits wait
+--   behind) when its group may set wal_compression: PostgreSQL 15 and later,
+--   granted by a superuser. Without it the prune runs uncompressed, or
+--   with the server's own wal_compression (setting that is as good).
+SELECT 'GRANT SET ON PARAMETER wal_compression TO outbox_relay'
+ WHERE current_setting('server_version_num')::int >= 150000
+   AND (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)
+\gexec
 --   the autoscaler: one count, read-only.
 ALTER ROLE keda_app SET statement_timeout = '5s';
 ALTER ROLE keda_app SET default_transaction_read_only = on;

@@ -106,8 +106,13 @@ pub async fn prune(database: &db::Database, retention_days: u32) -> anyhow::Resu
     if !pruned.ran {
         println!("another replica is pruning right now; nothing done");
     } else {
+        let wal = match pruned.wal_compression {
+            Some(method) => format!("its WAL's full-page images compressed with {method}"),
+            None => "the server's wal_compression setting applied (this role may not set it: deploy/sql/roles.sql)"
+                .to_owned(),
+        };
         println!(
-            "pruned {} outbox row(s) and {} processed event(s) older than {retention_days} day(s)",
+            "pruned {} outbox row(s) and {} processed event(s) older than {retention_days} day(s); {wal}",
             pruned.outbox_rows, pruned.processed_events
         );
     }

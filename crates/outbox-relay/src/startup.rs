@@ -183,6 +183,7 @@ async fn prune_periodically(
                 tracing::info!(
                     outbox_rows = p.outbox_rows,
                     processed_events = p.processed_events,
+                    wal_compression = p.wal_compression.unwrap_or("the server's"),
                     "pruned"
                 );
             }

@@ -72,6 +72,7 @@ pub const STATEMENTS: &[&Sql] = &[
     &dead::REQUEUE_DEAD,
     &prune::PRUNE_OUTBOX,
     &prune::PRUNE_EVENTS,
+    &prune::COMPRESS_WAL,
     &audit::AUDIT_TOTALS,
     &audit::AUDIT_BY_STATUS,
     &audit::AUDIT_COMMANDS,

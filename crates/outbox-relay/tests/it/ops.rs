@@ -365,3 +365,49 @@ async fn tables_escape_terminal_controls() {
     let v: serde_json::Value = serde_json::from_str(json.lines().next().unwrap()).unwrap();
     assert_eq!(v["last_error"], "HTTP 500 \x1b[2J\rowned \u{202e}");
 }
+
+/// The prune compresses the full-page images of its WAL when the relay's
+/// role may set `wal_compression`, and runs as before when it may not. On a
+/// cluster of its own: the grant is cluster-wide.
+#[tokio::test]
+async fn the_prune_compresses_its_wal_when_its_role_may_and_says_which_it_did() {
+    let cluster = testkit::PrivateCluster::start().expect("a private cluster");
+    let admin_url = cluster.migrated_database("prune_wal").await.unwrap();
+    let relay_url = testkit::login_url(&admin_url, testkit::Role::Relay).await;
+    let admin = testkit::TestDb::connect_url(&admin_url).await;
+    let old_rows = |n: i32| {
+        format!(
+            "INSERT INTO processed_events (event_id, event_type, status, result, processed_at)
+             SELECT 'evt_{n}_' || i, 'payment.succeeded', 'processed', '{{}}', now() - interval '8 days'
+               FROM generate_series(1, 300) i"
+        )
+    };
+
+    admin.batch_execute(&old_rows(1)).await.unwrap();
+    let (ok, out, err) = relay_cli(&relay_url, &["prune"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("pruned 0 outbox row(s) and 300 processed event(s)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("the server's wal_compression setting applied"),
+        "{out}"
+    );
+
+    admin
+        .batch_execute("GRANT SET ON PARAMETER wal_compression TO outbox_relay")
+        .await
+        .unwrap();
+    admin.batch_execute(&old_rows(2)).await.unwrap();
+    let (ok, out, err) = relay_cli(&relay_url, &["prune"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("pruned 0 outbox row(s) and 300 processed event(s)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("full-page images compressed with lz4") || out.contains("compressed with pglz"),
+        "{out}"
+    );
+}
