@@ -375,21 +375,29 @@ async fn the_prune_compresses_its_wal_when_its_role_may_and_says_which_it_did() 
     let admin_url = cluster.migrated_database("prune_wal").await.unwrap();
     let relay_url = testkit::login_url(&admin_url, testkit::Role::Relay).await;
     let admin = testkit::TestDb::connect_url(&admin_url).await;
-    let old_rows = |n: i32| {
-        format!(
-            "INSERT INTO processed_events (event_id, event_type, status, result, processed_at)
-             SELECT 'evt_{n}_' || i, 'payment.succeeded', 'processed', '{{}}', now() - interval '8 days'
-               FROM generate_series(1, 300) i"
-        )
+    // 300 events past the retention, then the prune's line.
+    let prune_old_events = |n: i32| {
+        let (admin, relay_url) = (&admin, &relay_url);
+        async move {
+            admin
+                .batch_execute(&format!(
+                    "INSERT INTO processed_events (event_id, event_type, status, result, processed_at)
+                     SELECT 'evt_{n}_' || i, 'payment.succeeded', 'processed', '{{}}', now() - interval '8 days'
+                       FROM generate_series(1, 300) i"
+                ))
+                .await
+                .unwrap();
+            let (ok, out, err) = relay_cli(relay_url, &["prune"]);
+            assert!(ok, "{err}");
+            assert!(
+                out.contains("pruned 0 outbox row(s) and 300 processed event(s)"),
+                "{out}"
+            );
+            out
+        }
     };
 
-    admin.batch_execute(&old_rows(1)).await.unwrap();
-    let (ok, out, err) = relay_cli(&relay_url, &["prune"]);
-    assert!(ok, "{err}");
-    assert!(
-        out.contains("pruned 0 outbox row(s) and 300 processed event(s)"),
-        "{out}"
-    );
+    let out = prune_old_events(1).await;
     assert!(
         out.contains("the server's wal_compression setting applied"),
         "{out}"
@@ -399,13 +407,7 @@ async fn the_prune_compresses_its_wal_when_its_role_may_and_says_which_it_did() 
         .batch_execute("GRANT SET ON PARAMETER wal_compression TO outbox_relay")
         .await
         .unwrap();
-    admin.batch_execute(&old_rows(2)).await.unwrap();
-    let (ok, out, err) = relay_cli(&relay_url, &["prune"]);
-    assert!(ok, "{err}");
-    assert!(
-        out.contains("pruned 0 outbox row(s) and 300 processed event(s)"),
-        "{out}"
-    );
+    let out = prune_old_events(2).await;
     assert!(
         out.contains("full-page images compressed with lz4") || out.contains("compressed with pglz"),
         "{out}"
