@@ -42,44 +42,12 @@ pub enum Command {
     /// delivered by kind, as the database recorded them.
     Audit {
         /// The window: events processed and commands enqueued this recently (90s, 30m, 6h, 7d).
-        #[arg(long, default_value = "24h", value_parser = parse_duration)]
+        #[arg(long, default_value = "24h", value_parser = process::args::parse_duration)]
         since: Duration,
         /// One JSON object on stdout.
         #[arg(long)]
         json: bool,
     },
-}
-
-/// The longest duration [`parse_duration`] accepts: 100 years, beyond any
-/// retention, and far from where seconds overflow (u64, Postgres intervals).
-pub const MAX_DURATION_SECS: u64 = 36_500 * 86_400;
-
-/// `90s`, `30m`, `6h`, `7d` (a bare number is seconds), at most
-/// [`MAX_DURATION_SECS`].
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let (number, unit) = text
-        .find(|c: char| !c.is_ascii_digit())
-        .map_or((text, "s"), |i| text.split_at(i));
-    let n: u64 = number
-        .parse()
-        .map_err(|_| format!("`{text}`: expected a number and a unit (s, m, h, d)"))?;
-    let per_unit: u64 = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86_400,
-        _ => return Err(format!("`{text}`: unknown unit `{unit}` (s, m, h, d)")),
-    };
-    // Checked, never wrapped: a window that overflows is an error, not a
-    // short window that looks valid.
-    match n.checked_mul(per_unit) {
-        Some(secs) if secs <= MAX_DURATION_SECS => Ok(Duration::from_secs(secs)),
-        _ => Err(format!(
-            "`{text}`: too long (at most {}d)",
-            MAX_DURATION_SECS / 86_400
-        )),
-    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -504,35 +472,5 @@ mod tests {
             assert!(error.contains(names), "{error}");
             assert!(!error.contains("s3cret"), "{error}");
         }
-    }
-
-    #[test]
-    fn durations_take_a_unit() {
-        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
-        assert_eq!(parse_duration("30m"), Ok(Duration::from_secs(1800)));
-        assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(7 * 86_400)));
-        assert_eq!(parse_duration("45"), Ok(Duration::from_secs(45)));
-        assert!(parse_duration("3w").is_err());
-        assert!(parse_duration("soon").is_err());
-    }
-
-    #[test]
-    fn durations_that_overflow_are_errors() {
-        // 300000000000000 days is more seconds than a u64 holds: it used to
-        // wrap (release) or panic (debug).
-        for text in [
-            "300000000000000d",
-            "99999999999999d",
-            "18446744073709551615m",
-            "36501d",
-        ] {
-            let error = parse_duration(text).unwrap_err();
-            assert!(error.contains("too long") && error.contains(text), "{error}");
-        }
-        assert!(parse_duration("18446744073709551616s").is_err());
-        assert_eq!(
-            parse_duration("36500d"),
-            Ok(Duration::from_secs(MAX_DURATION_SECS))
-        );
     }
 }

@@ -49,12 +49,33 @@ pub enum EventsCommand {
         /// unmatched, already_paid, order_refunded).
         #[arg(long)]
         status: Option<String>,
+        /// Only this event id; with a trailing `*`, the ids that start with
+        /// what precedes it (evt_2026_*).
+        #[arg(long)]
+        id: Option<String>,
+        /// Only events first delivered this recently (90s, 30m, 6h, 7d).
+        #[arg(long, value_parser = process::args::parse_duration)]
+        since: Option<Duration>,
+        /// The next page: the events listed after this one (the last event
+        /// id of the previous page).
+        #[arg(long, value_name = "EVENT_ID")]
+        after: Option<String>,
         /// JSON lines on stdout, one event per line.
         #[arg(long)]
         json: bool,
         /// At most this many events.
-        #[arg(long, default_value_t = 100)]
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i64).range(1..=100_000))]
         limit: i64,
+    },
+    /// One event's whole story: its deliveries, stored answer, status and
+    /// trace, and its order's commands with their state, attempts and last
+    /// error.
+    Show {
+        /// The event id, as the provider sent it.
+        id: String,
+        /// One JSON object on stdout.
+        #[arg(long)]
+        json: bool,
     },
 }
 

@@ -1,29 +1,73 @@
-//! `webhook-ingest events list`: recorded events for an operator, typically
-//! `--status unmatched` to reconcile payments no order matched.
+//! `webhook-ingest events list` and `events show`: recorded events for an
+//! operator. `list` finds them (`--status unmatched` to reconcile payments no
+//! order matched, `--id`, `--since`, pages with `--after`); `show` tells one
+//! event's whole story from its id: every delivery's count and time, the
+//! answer stored for them, its status and trace, and its order's commands
+//! with their state, attempts and last error.
 
 use std::io::Write as _;
+use std::time::Duration;
 
 use domain::EventOutcome;
 use process::terminal::printable;
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+use time::macros::format_description;
 
-use crate::storage::{self, EventRow};
+use crate::storage::{self, CommandRow, EventDetail, EventFilter, EventRow};
 
-pub async fn list(
-    database: &db::Database,
-    status: Option<&str>,
-    json: bool,
-    limit: i64,
-) -> anyhow::Result<()> {
-    let status = status
-        .map(|s| {
-            EventOutcome::parse(s).ok_or_else(|| {
-                let known: Vec<_> = EventOutcome::ALL.iter().map(|o| o.as_str()).collect();
-                anyhow::anyhow!("unknown status `{s}` ({})", known.join(", "))
+/// What `events list` was asked for, as typed.
+#[derive(Debug, Clone, Default)]
+pub struct Listing {
+    pub status: Option<String>,
+    /// An id, or a prefix followed by `*`.
+    pub id: Option<String>,
+    pub since: Option<Duration>,
+    pub after: Option<String>,
+    pub limit: i64,
+}
+
+impl Listing {
+    fn filter(self) -> anyhow::Result<EventFilter> {
+        let status = self
+            .status
+            .map(|s| {
+                EventOutcome::parse(&s).ok_or_else(|| {
+                    let known: Vec<_> = EventOutcome::ALL.iter().map(|o| o.as_str()).collect();
+                    anyhow::anyhow!("unknown status `{s}` ({})", known.join(", "))
+                })
             })
+            .transpose()?;
+        let (id, id_prefix) = match self.id {
+            Some(id) => match id.strip_suffix('*') {
+                Some(prefix) => (None, Some(prefix.to_owned())),
+                None => (Some(id), None),
+            },
+            None => (None, None),
+        };
+        Ok(EventFilter {
+            status,
+            id,
+            id_prefix,
+            since: self.since,
+            after: self.after,
+            limit: self.limit,
         })
-        .transpose()?;
+    }
+}
+
+pub async fn list(database: &db::Database, listing: Listing, json: bool) -> anyhow::Result<()> {
+    let filter = listing.filter()?;
     let client = database.connect("webhook-ingest-cli").await?;
-    let rows = storage::list_events(&client, status, limit).await?;
+    if let Some(after) = &filter.after
+        && storage::show_event(&client, after).await?.is_none()
+    {
+        anyhow::bail!(
+            "no event `{}` to list after (never recorded, or removed by retention)",
+            printable(after)
+        );
+    }
+    let rows = storage::list_events(&client, &filter).await?;
     let mut out = std::io::stdout().lock();
     if json {
         for row in &rows {
@@ -32,6 +76,14 @@ pub async fn list(
         }
     } else {
         write_table(&mut out, &rows)?;
+        if let Some(last) = rows.last().filter(|_| rows.len() as i64 == filter.limit) {
+            writeln!(
+                out,
+                "(at most {} shown; the next page: --after {})",
+                filter.limit,
+                printable(&last.event_id)
+            )?;
+        }
     }
     Ok(())
 }
@@ -43,10 +95,6 @@ fn write_table(out: &mut impl std::io::Write, rows: &[EventRow]) -> std::io::Res
         "EVENT_ID", "EVENT_TYPE", "STATUS", "PROCESSED_AT", "DELIVERIES", "ORDER_ID"
     )?;
     for r in rows {
-        let at = r
-            .processed_at
-            .format(&time::format_description::well_known::Rfc3339)
-            .unwrap_or_default();
         let order = r.order_id.map(|o| o.to_string()).unwrap_or_else(|| "-".into());
         writeln!(
             out,
@@ -54,13 +102,169 @@ fn write_table(out: &mut impl std::io::Write, rows: &[EventRow]) -> std::io::Res
             printable(&r.event_id),
             printable(&r.event_type),
             r.status,
-            at,
+            shown(r.processed_at),
             r.deliveries,
             order
         )?;
     }
     if rows.is_empty() {
         writeln!(out, "(no events)")?;
+    }
+    Ok(())
+}
+
+pub async fn show(database: &db::Database, id: &str, json: bool) -> anyhow::Result<()> {
+    let client = database.connect("webhook-ingest-cli").await?;
+    let Some(event) = storage::show_event(&client, id).await? else {
+        anyhow::bail!(
+            "no event `{}` recorded (never delivered here, or removed by retention after RETENTION_DAYS)",
+            printable(id)
+        );
+    };
+    let commands = match event.order_id {
+        Some(order) => storage::order_commands(&client, order).await?,
+        None => Vec::new(),
+    };
+    let mut out = std::io::stdout().lock();
+    if json {
+        serde_json::to_writer(&mut out, &story_json(&event, &commands))?;
+        out.write_all(b"\n")?;
+    } else {
+        write_story(&mut out, &event, &commands)?;
+    }
+    Ok(())
+}
+
+/// The trace id of a stored `traceparent`, if it is a valid one.
+fn trace_id(event: &EventDetail) -> Option<&str> {
+    event
+        .trace_context
+        .as_deref()
+        .and_then(process::traces::parse_traceparent)
+        .map(|(trace_id, _)| trace_id)
+}
+
+fn rfc3339(at: OffsetDateTime) -> String {
+    at.format(&Rfc3339).unwrap_or_default()
+}
+
+/// A time as the tables show it: UTC, to the millisecond (24 characters).
+fn shown(at: OffsetDateTime) -> String {
+    at.to_offset(time::UtcOffset::UTC)
+        .format(format_description!(
+            "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
+        ))
+        .unwrap_or_default()
+}
+
+/// Text that should be JSON, as a JSON value; kept as a string if it is not.
+fn json_value(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).unwrap_or_else(|_| text.into())
+}
+
+fn story_json(event: &EventDetail, commands: &[CommandRow]) -> serde_json::Value {
+    let commands: Vec<serde_json::Value> = commands
+        .iter()
+        .map(|c| {
+            serde_json::json!({
+                "id": c.id,
+                "kind": c.kind,
+                "idempotency_key": c.idempotency_key,
+                "event_id": c.event_id,
+                "status": c.status,
+                "attempts": c.attempts,
+                "last_error": c.last_error,
+                "created_at": rfc3339(c.created_at),
+                "available_at": rfc3339(c.available_at),
+                "finished_at": c.finished_at.map(rfc3339),
+                "lease_owner": c.lease_owner,
+                "leased_until": c.leased_until.map(rfc3339),
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "event_id": event.event_id,
+        "event_type": event.event_type,
+        "status": event.status.as_str(),
+        "order_id": event.order_id,
+        "deliveries": event.deliveries,
+        "processed_at": rfc3339(event.processed_at),
+        "last_delivered_at": rfc3339(event.last_delivered_at),
+        "result": json_value(&event.result),
+        "payload": event.payload.as_deref().map(json_value),
+        "trace_context": event.trace_context,
+        "trace_id": trace_id(event),
+        "commands": commands,
+    })
+}
+
+fn write_story(
+    out: &mut impl std::io::Write,
+    event: &EventDetail,
+    commands: &[CommandRow],
+) -> std::io::Result<()> {
+    let order = event
+        .order_id
+        .map_or_else(|| "- (no order matched)".to_owned(), |o| o.to_string());
+    writeln!(out, "event        {}", printable(&event.event_id))?;
+    writeln!(out, "type         {}", printable(&event.event_type))?;
+    writeln!(out, "status       {}", event.status)?;
+    writeln!(out, "order        {order}")?;
+    writeln!(
+        out,
+        "deliveries   {}: first {}, last {}",
+        event.deliveries,
+        shown(event.processed_at),
+        shown(event.last_delivered_at)
+    )?;
+    match (trace_id(event), &event.trace_context) {
+        (Some(trace_id), Some(traceparent)) => {
+            writeln!(
+                out,
+                "trace        {trace_id} (traceparent {})",
+                printable(traceparent)
+            )?;
+        }
+        _ => writeln!(out, "trace        -")?,
+    }
+    writeln!(out, "answer       {}", printable(&event.result))?;
+    let Some(order_id) = event.order_id else {
+        return writeln!(out, "commands     none: no order matched the event's payment");
+    };
+    if commands.is_empty() {
+        return writeln!(
+            out,
+            "commands     none for order {order_id} (none enqueued, or removed by retention)"
+        );
+    }
+    writeln!(out, "commands of order {order_id}:")?;
+    writeln!(
+        out,
+        "  {:<8} {:<18} {:<9} {:>8}  {:<24} {:<32} {:<28} LAST_ERROR",
+        "ID", "KIND", "STATUS", "ATTEMPTS", "CREATED", "ENQUEUED_BY", "FINISHED / NEXT"
+    )?;
+    for c in commands {
+        let when = match (&c.finished_at, &c.lease_owner, &c.leased_until) {
+            (Some(finished), _, _) => shown(*finished),
+            (None, Some(owner), Some(until)) => {
+                format!("held by {} until {}", printable(owner), shown(*until))
+            }
+            (None, _, _) => format!("due {}", shown(c.available_at)),
+        };
+        writeln!(
+            out,
+            "  {:<8} {:<18} {:<9} {:>8}  {:<24} {:<32} {:<28} {}",
+            c.id,
+            printable(&c.kind),
+            c.status,
+            c.attempts,
+            shown(c.created_at),
+            printable(&c.event_id),
+            when,
+            c.last_error
+                .as_deref()
+                .map_or(std::borrow::Cow::Borrowed("-"), printable)
+        )?;
     }
     Ok(())
 }

@@ -1,4 +1,4 @@
-//! `webhook-ingest`: serve (default), `migrate`, `events list`.
+//! `webhook-ingest`: serve (default), `migrate`, `events list`, `events show`.
 //!
 //! # Layout
 //! Parses the configuration and checks all of it the command needs (exit 2
@@ -33,9 +33,29 @@ fn main() -> ExitCode {
         }
         Command::Migrate => process::run_command(PROGRAM, migrate(database)),
         Command::Events {
-            command: EventsCommand::List { status, json, limit },
+            command:
+                EventsCommand::List {
+                    status,
+                    id,
+                    since,
+                    after,
+                    json,
+                    limit,
+                },
         } => process::run_command(PROGRAM, async move {
-            webhook_ingest::events::list(&database, status.as_deref(), json, limit).await
+            let listing = webhook_ingest::events::Listing {
+                status,
+                id,
+                since,
+                after,
+                limit,
+            };
+            webhook_ingest::events::list(&database, listing, json).await
+        }),
+        Command::Events {
+            command: EventsCommand::Show { id, json },
+        } => process::run_command(PROGRAM, async move {
+            webhook_ingest::events::show(&database, &id, json).await
         }),
     }
 }

@@ -34,12 +34,14 @@
 
 mod plan;
 mod record;
+mod story;
 
 use db::{Column, Executor, Sql, col};
 use domain::EventOutcome;
 use tokio_postgres::types::{FromSql, Type};
 
 pub use record::{Delivery, Pending, Recorded, batchable, record_event, record_events};
+pub use story::{CommandRow, EventDetail, order_commands, show_event};
 
 /// Every statement the ingest runs, for the test that prepares each against
 /// the migrated schema.
@@ -50,6 +52,8 @@ pub const STATEMENTS: &[&Sql] = &[
     &record::RECORD_EVENTS_BATCH,
     &WAKE_RELAYS,
     &LIST_EVENTS,
+    &story::SHOW_EVENT,
+    &story::ORDER_COMMANDS,
 ];
 
 /// Opens every connection of `pool` with the ingest's statements prepared
@@ -119,7 +123,14 @@ pub struct EventRow {
 const LIST_EVENTS: Sql = Sql::new(
     "webhook-ingest/list_events.sql",
     include_str!("list_events.sql"),
-    &[Type::TEXT, Type::INT8],
+    &[
+        Type::TEXT,
+        Type::TEXT,
+        Type::TEXT,
+        Type::FLOAT8,
+        Type::TEXT,
+        Type::INT8,
+    ],
 )
 .returning(LIST_EVENTS_COLUMNS);
 
@@ -133,14 +144,40 @@ const LIST_EVENTS_COLUMNS: &[Column] = &[
     col("payload", Type::JSONB),
 ];
 
-/// Recorded events, newest first, optionally of one status.
+/// Which events `events list` shows; every filter is optional.
+#[derive(Debug, Clone, Default)]
+pub struct EventFilter {
+    pub status: Option<EventOutcome>,
+    /// This id exactly.
+    pub id: Option<String>,
+    /// Ids that start with this.
+    pub id_prefix: Option<String>,
+    /// Processed this recently.
+    pub since: Option<std::time::Duration>,
+    /// The page after this event (newest first: older, or as old with a
+    /// greater id).
+    pub after: Option<String>,
+    pub limit: i64,
+}
+
+/// Recorded events, newest first, as `filter` says.
 pub async fn list_events(
     client: &(impl Executor + ?Sized),
-    status: Option<EventOutcome>,
-    limit: i64,
+    filter: &EventFilter,
 ) -> Result<Vec<EventRow>, tokio_postgres::Error> {
+    let since = filter.since.map(|d| d.as_secs_f64());
     let rows = LIST_EVENTS
-        .query(client, &[&status.map(EventOutcome::as_str), &limit])
+        .query(
+            client,
+            &[
+                &filter.status.map(EventOutcome::as_str),
+                &filter.id,
+                &filter.id_prefix,
+                &since,
+                &filter.after,
+                &filter.limit,
+            ],
+        )
         .await?;
     rows.iter()
         .map(|r| {

@@ -17,5 +17,6 @@ mod roles;
 mod shutdown;
 mod signatures;
 mod slow_bodies;
+mod story;
 mod terminal;
 mod warm;

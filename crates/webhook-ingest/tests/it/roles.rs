@@ -37,9 +37,11 @@ async fn the_ingest_role_can_neither_delete_nor_read_what_it_does_not_use_nor_ch
         "UPDATE outbox SET payload = '{}'",
         "UPDATE outbox SET idempotency_key = 'x'",
         "UPDATE outbox SET attempts = 0, available_at = now()",
-        // It reads only what it matches a shipment on, not what is sent.
+        // It reads what a shipment is matched on and what `events show`
+        // tells of a command, never what is sent.
         "SELECT payload FROM outbox",
-        "SELECT last_error, attempts FROM outbox",
+        "SELECT trace_context FROM outbox",
+        "SELECT claims FROM outbox",
         "SELECT * FROM outbox",
         "SELECT created_at FROM orders",
         // No DDL: it owns nothing.
@@ -109,7 +111,7 @@ fn ingest_pool(db: &TestDb) -> db::Pool {
 
 /// Every statement the ingest runs: a payment and a refund for a fresh order
 /// (claim, order change, enqueue, cancellation), a duplicate, `events list`,
-/// the schema check behind `/readyz`.
+/// `events show`, the schema check behind `/readyz`.
 async fn exercise(
     admin: &tokio_postgres::Client,
     pool: &db::Pool,
@@ -133,7 +135,15 @@ async fn exercise(
         let parsed = domain::ProviderEvent::parse(body.as_bytes()).unwrap();
         storage::record_event(&client, &parsed, &body, None).await?;
     }
-    storage::list_events(&client, Some(domain::EventOutcome::Refunded), 10).await?;
+    let filter = storage::EventFilter {
+        status: Some(domain::EventOutcome::Refunded),
+        limit: 10,
+        ..Default::default()
+    };
+    storage::list_events(&client, &filter).await?;
+    // `events show`: the event, and its order's commands.
+    storage::show_event(&client, &format!("evt_paid_{n}")).await?;
+    storage::order_commands(&client, n + 100).await?;
     db::schema_status(&client).await?;
     Ok(())
 }
