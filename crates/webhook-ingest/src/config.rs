@@ -77,6 +77,16 @@ pub enum EventsCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Apply an event recorded `unmatched` to its order, now that an order
+    /// has its payment id: at most once, however many replays and
+    /// deliveries race it.
+    Replay {
+        /// The event id, as the provider sent it.
+        id: String,
+        /// One JSON object on stdout.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

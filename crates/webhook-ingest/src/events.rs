@@ -1,9 +1,10 @@
-//! `webhook-ingest events list` and `events show`: recorded events for an
-//! operator. `list` finds them (`--status unmatched` to reconcile payments no
+//! `webhook-ingest events list`, `events show` and `events replay`: recorded
+//! events for an operator. `list` finds them (`--status unmatched` to reconcile payments no
 //! order matched, `--id`, `--since`, pages with `--after`); `show` tells one
 //! event's whole story from its id: every delivery's count and time, the
 //! answer stored for them, its status and trace, and its order's commands
-//! with their state, attempts and last error.
+//! with their state, attempts and last error; `replay` applies an event
+//! recorded `unmatched` to its order once the order exists.
 
 use std::io::Write as _;
 use std::time::Duration;
@@ -264,6 +265,112 @@ fn write_story(
             c.last_error
                 .as_deref()
                 .map_or(std::borrow::Cow::Borrowed("-"), printable)
+        )?;
+    }
+    Ok(())
+}
+
+/// `events replay <id>`: an event recorded `unmatched` applied to its order
+/// now that one has its payment id. Exit 0 when it was applied, or had been
+/// already (by an earlier or a racing replay: nothing changes twice); 1 when
+/// it cannot be (not recorded, never matchable, or still no order).
+pub async fn replay(database: &db::Database, id: &str, json: bool) -> anyhow::Result<()> {
+    let client = database.connect("webhook-ingest-cli").await?;
+    let Some(event) = storage::show_event(&client, id).await? else {
+        anyhow::bail!(
+            "no event `{}` recorded (never delivered here, or removed by retention after RETENTION_DAYS)",
+            printable(id)
+        );
+    };
+    let mut out = std::io::stdout().lock();
+    if event.status != EventOutcome::Unmatched {
+        return unchanged(&mut out, &event, json);
+    }
+    let parsed = event
+        .payload
+        .as_deref()
+        .and_then(|payload| domain::ProviderEvent::parse(payload.as_bytes()).ok())
+        .filter(|parsed| parsed.id == event.event_id);
+    let Some(parsed) = parsed else {
+        anyhow::bail!("`{}` has no stored event to replay", printable(id));
+    };
+    let Some(payment_id) = parsed.payment_id.clone() else {
+        anyhow::bail!(
+            "`{}` has no data.payment_id: no order can ever match it",
+            printable(id)
+        );
+    };
+    match storage::replay_event(&client, &parsed).await? {
+        Some(replayed) => {
+            if replayed.enqueued > 0 {
+                // The rows are committed; a lost NOTIFY costs a poll interval.
+                let _ = storage::wake_relays(&client).await;
+            }
+            if json {
+                serde_json::to_writer(
+                    &mut out,
+                    &serde_json::json!({
+                        "event_id": event.event_id,
+                        "replayed": true,
+                        "status": replayed.status.as_str(),
+                        "order_id": replayed.order_id,
+                        "enqueued": replayed.enqueued,
+                        "result": json_value(&replayed.body),
+                    }),
+                )?;
+                out.write_all(b"\n")?;
+            } else {
+                writeln!(
+                    out,
+                    "replayed {}: {}, order {}, {} command(s) enqueued; later deliveries are answered {}",
+                    printable(&event.event_id),
+                    replayed.status,
+                    replayed.order_id,
+                    replayed.enqueued,
+                    printable(&replayed.body)
+                )?;
+            }
+            Ok(())
+        }
+        None => {
+            // Nothing applied: replayed meanwhile, or still no order.
+            let now = storage::show_event(&client, id).await?;
+            match now {
+                Some(now) if now.status != EventOutcome::Unmatched => unchanged(&mut out, &now, json),
+                _ => anyhow::bail!(
+                    "no order has payment id `{}` yet: nothing changed; replay `{}` once the order exists",
+                    printable(&payment_id),
+                    printable(id)
+                ),
+            }
+        }
+    }
+}
+
+/// What `replay` says of an event that is not (or no longer) `unmatched`.
+fn unchanged(out: &mut impl std::io::Write, event: &EventDetail, json: bool) -> anyhow::Result<()> {
+    if json {
+        serde_json::to_writer(
+            &mut *out,
+            &serde_json::json!({
+                "event_id": event.event_id,
+                "replayed": false,
+                "status": event.status.as_str(),
+                "order_id": event.order_id,
+                "enqueued": 0,
+                "result": json_value(&event.result),
+            }),
+        )?;
+        out.write_all(b"\n")?;
+    } else {
+        let order = event
+            .order_id
+            .map_or_else(String::new, |o| format!(" (order {o})"));
+        writeln!(
+            out,
+            "unchanged: {} is {}{order}; only an unmatched event is replayed, once",
+            printable(&event.event_id),
+            event.status
         )?;
     }
     Ok(())

@@ -1,4 +1,4 @@
-//! `webhook-ingest`: serve (default), `migrate`, `events list`, `events show`.
+//! `webhook-ingest`: serve (default), `migrate`, `events list`, `events show`, `events replay`.
 //!
 //! # Layout
 //! Parses the configuration and checks all of it the command needs (exit 2
@@ -56,6 +56,11 @@ fn main() -> ExitCode {
             command: EventsCommand::Show { id, json },
         } => process::run_command(PROGRAM, async move {
             webhook_ingest::events::show(&database, &id, json).await
+        }),
+        Command::Events {
+            command: EventsCommand::Replay { id, json },
+        } => process::run_command(PROGRAM, async move {
+            webhook_ingest::events::replay(&database, &id, json).await
         }),
     }
 }

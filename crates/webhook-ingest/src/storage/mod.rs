@@ -41,7 +41,7 @@ use domain::EventOutcome;
 use tokio_postgres::types::{FromSql, Type};
 
 pub use record::{Delivery, Pending, Recorded, batchable, record_event, record_events};
-pub use story::{CommandRow, EventDetail, order_commands, show_event};
+pub use story::{CommandRow, EventDetail, Replayed, order_commands, replay_event, show_event};
 
 /// Every statement the ingest runs, for the test that prepares each against
 /// the migrated schema.
@@ -54,6 +54,7 @@ pub const STATEMENTS: &[&Sql] = &[
     &LIST_EVENTS,
     &story::SHOW_EVENT,
     &story::ORDER_COMMANDS,
+    &story::REPLAY_EVENT,
 ];
 
 /// Opens every connection of `pool` with the ingest's statements prepared

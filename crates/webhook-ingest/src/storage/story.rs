@@ -141,3 +141,71 @@ pub async fn order_commands(
         })
         .collect()
 }
+
+pub(crate) const REPLAY_EVENT: Sql = Sql::new(
+    "webhook-ingest/replay_event.sql",
+    include_str!("replay_event.sql"),
+    &[
+        Type::TEXT, // event_id
+        Type::TEXT, // payment_id
+        Type::TEXT, // plan (JSON)
+        Type::INT4, // payload_version
+        Type::TEXT, // shipment_kind
+        Type::TEXT, // shipment_key_prefix
+    ],
+)
+.returning(REPLAY_EVENT_COLUMNS);
+
+const REPLAY_EVENT_COLUMNS: &[Column] = &[
+    col("status", Type::TEXT),
+    col("body", Type::TEXT),
+    col("order_id", Type::INT8),
+    col("enqueued", Type::INT4),
+];
+
+/// What a replay applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replayed {
+    /// The event's outcome now, and the answer later deliveries get.
+    pub status: EventOutcome,
+    pub body: String,
+    pub order_id: i64,
+    /// Commands enqueued (none when the order's state called for none, or
+    /// they were enqueued already).
+    pub enqueued: i32,
+}
+
+/// Applies `event`, recorded `unmatched`, to the order that now has its
+/// payment id (`replay_event.sql`). `None` when nothing was applied: the
+/// event is no longer `unmatched` (replayed already, by this or a racing
+/// replay), or still no order has its payment id.
+pub async fn replay_event(
+    client: &(impl Executor + ?Sized),
+    event: &domain::ProviderEvent,
+) -> Result<Option<Replayed>, tokio_postgres::Error> {
+    let plan = super::plan::Plan::of_kind(event.kind);
+    let shipment = CommandKind::ShipOrder;
+    let rows = REPLAY_EVENT
+        .query(
+            client,
+            &[
+                &event.id,
+                &event.payment_id,
+                &plan.json,
+                &domain::PAYLOAD_VERSION,
+                &shipment.as_str(),
+                &shipment.key_prefix(),
+            ],
+        )
+        .await?;
+    rows.first()
+        .map(|r| {
+            Ok(Replayed {
+                status: r.try_get::<_, StoredOutcome>("status")?.0,
+                body: r.try_get("body")?,
+                order_id: r.try_get("order_id")?,
+                enqueued: r.try_get("enqueued")?,
+            })
+        })
+        .transpose()
+}

@@ -141,6 +141,21 @@ pub async fn hold_order_lock(url: &str, id: i64) -> tokio_postgres::Client {
     blocker
 }
 
+/// A transaction of the test's own holding `event_id`'s row locked (FOR
+/// UPDATE) until the caller commits it.
+pub async fn hold_event_row(app: &TestApp, event_id: &str) -> tokio_postgres::Client {
+    let holder = TestDb::connect_url(&app.db.as_ref().unwrap().url).await;
+    holder.batch_execute("BEGIN").await.unwrap();
+    holder
+        .execute(
+            "SELECT 1 FROM processed_events WHERE event_id = $1 FOR UPDATE",
+            &[&event_id],
+        )
+        .await
+        .unwrap();
+    holder
+}
+
 impl TestApp {
     /// Posts `body` signed as a provider would, now.
     pub async fn post(&self, body: &str) -> reqwest::Response {

@@ -111,7 +111,7 @@ fn ingest_pool(db: &TestDb) -> db::Pool {
 
 /// Every statement the ingest runs: a payment and a refund for a fresh order
 /// (claim, order change, enqueue, cancellation), a duplicate, `events list`,
-/// `events show`, the schema check behind `/readyz`.
+/// `events show`, `events replay`, the schema check behind `/readyz`.
 async fn exercise(
     admin: &tokio_postgres::Client,
     pool: &db::Pool,
@@ -144,6 +144,21 @@ async fn exercise(
     // `events show`: the event, and its order's commands.
     storage::show_event(&client, &format!("evt_paid_{n}")).await?;
     storage::order_commands(&client, n + 100).await?;
+    // `events replay`: a payment recorded unmatched, applied once its order
+    // exists.
+    let late = format!("pay_late_{n}");
+    let body = event(&format!("evt_late_{n}"), "payment.succeeded", &late);
+    let parsed = domain::ProviderEvent::parse(body.as_bytes()).unwrap();
+    storage::record_event(&client, &parsed, &body, None).await?;
+    admin
+        .execute(
+            "INSERT INTO orders (id, payment_id) VALUES ($1, $2)",
+            &[&(n + 100_000), &late],
+        )
+        .await
+        .unwrap();
+    let replayed = storage::replay_event(&client, &parsed).await?;
+    assert!(replayed.is_some(), "the replay applies the event");
     db::schema_status(&client).await?;
     Ok(())
 }

@@ -1,8 +1,9 @@
-//! `events show` and `events list` as an operator runs them: the binary, as
-//! the ingest's own role (so the role's grants are shown to suffice), against
-//! what real deliveries recorded.
+//! `events show`, `events list` and `events replay` as an operator runs
+//! them: the binary, as the ingest's own role (so the role's grants are shown
+//! to suffice), against what real deliveries recorded.
 
 use testkit::Role;
+use webhook_ingest::storage;
 
 use crate::helpers::{SECRET, TestApp, event, now, spawn_app, standard_headers};
 
@@ -192,4 +193,246 @@ async fn events_list_filters_by_id_and_age_and_pages_without_gaps_or_repeats() {
     let (ok, _, err) = cli(&app, &["events", "list", "--since", "soon"]);
     assert!(!ok);
     assert!(err.contains("soon"), "{err}");
+}
+
+/// `events replay <id>` as the ingest's role: (success, stdout, stderr).
+async fn replay(app: &TestApp, id: &str) -> (bool, String, String) {
+    let url = app.db.as_ref().unwrap().url_as(Role::Ingest);
+    let id = id.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_webhook-ingest"))
+            .args(["events", "replay", &id])
+            .env("DATABASE_URL", url)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8(out.stdout).unwrap(),
+            String::from_utf8(out.stderr).unwrap(),
+        )
+    })
+    .await
+    .unwrap()
+}
+
+/// A payment that arrived before its order (unmatched) is applied once the
+/// order exists, exactly once however many replays, redeliveries of it and
+/// other payments of the order race: one event pays the order, its two
+/// commands are enqueued once, one replay says it applied the event.
+#[tokio::test]
+async fn a_replayed_unmatched_payment_pays_its_order_once_whatever_races_it() {
+    let app = spawn_app().await;
+    let early = event("evt_early", "payment.succeeded", "pay_7");
+    let first = app.post(&early).await;
+    let unmatched: serde_json::Value = first.json().await.unwrap();
+    assert_eq!(unmatched["status"], "unmatched");
+
+    let (ok, out, err) = replay(&app, "evt_early").await;
+    assert!(!ok, "{out}");
+    assert!(err.contains("no order has payment id `pay_7` yet"), "{err}");
+    assert_eq!(app.count("SELECT count(*) FROM outbox").await, 0);
+
+    // The shop creates the order; then, at once: eight replays, eight
+    // redeliveries of the early payment, and another payment of the order.
+    app.insert_order(7, "pay_7", "pending").await;
+    let replays: Vec<_> = (0..8).map(|_| replay(&app, "evt_early")).collect();
+    let redeliveries: Vec<_> = (0..8).map(|_| app.post(&early)).collect();
+    let later = event("evt_later", "payment.succeeded", "pay_7");
+    let other = app.post(&later);
+    let (replays, redeliveries, other) = tokio::join!(
+        futures_util::future::join_all(replays),
+        futures_util::future::join_all(redeliveries),
+        other
+    );
+    assert_eq!(other.status(), 200);
+    let mut applied = 0;
+    for (ok, out, err) in &replays {
+        assert!(ok, "every replay succeeds: {out}{err}");
+        if out.starts_with("replayed evt_early") {
+            applied += 1;
+        } else {
+            assert!(out.starts_with("unchanged: evt_early is "), "{out}");
+        }
+    }
+    assert_eq!(applied, 1, "exactly one replay applied the event: {replays:?}");
+    let early_now: serde_json::Value = serde_json::from_str(
+        &app.client
+            .query_one(
+                "SELECT result::text FROM processed_events WHERE event_id = 'evt_early'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, String>(0),
+    )
+    .unwrap();
+    for r in redeliveries {
+        assert_eq!(r.status(), 200);
+        let body: serde_json::Value = r.json().await.unwrap();
+        assert!(body == unmatched || body == early_now, "{body}");
+    }
+
+    // The order: paid once, by one of the two events; one shipment, one
+    // confirmation, enqueued by that event.
+    assert_eq!(app.order_status(7).await, "paid");
+    let statuses: Vec<(String, String)> = app
+        .client
+        .query(
+            "SELECT event_id, status FROM processed_events ORDER BY event_id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let payer: Vec<&str> = statuses
+        .iter()
+        .filter(|(_, s)| s == "processed")
+        .map(|(e, _)| e.as_str())
+        .collect();
+    assert_eq!(payer.len(), 1, "one event paid the order: {statuses:?}");
+    assert!(
+        statuses
+            .iter()
+            .all(|(_, s)| s == "processed" || s == "already_paid"),
+        "{statuses:?}"
+    );
+    let commands: Vec<(String, String)> = app
+        .client
+        .query("SELECT kind, event_id FROM outbox ORDER BY kind", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(
+        commands,
+        [
+            ("send_confirmation".to_owned(), payer[0].to_owned()),
+            ("ship_order".to_owned(), payer[0].to_owned())
+        ]
+    );
+    assert_eq!(
+        app.count("SELECT deliveries::int8 FROM processed_events WHERE event_id = 'evt_early'")
+            .await,
+        9,
+        "every delivery counted"
+    );
+
+    // Once more, later: nothing changes, and it says so.
+    let (ok, out, err) = replay(&app, "evt_early").await;
+    assert!(ok, "{err}");
+    assert!(out.starts_with("unchanged: evt_early is "), "{out}");
+    assert_eq!(app.count("SELECT count(*) FROM outbox").await, 2);
+}
+
+/// A refund that arrived before its order is replayed as a refund: the order
+/// refunded, its shipment not yet sent stopped, one refund notice.
+#[tokio::test]
+async fn a_replayed_unmatched_refund_refunds_and_stops_the_shipment() {
+    let app = spawn_app().await;
+    let (status, refund_answer) = {
+        let r = app
+            .post(&event("evt_refund_early", "payment.refunded", "pay_8"))
+            .await;
+        (r.status(), r.json::<serde_json::Value>().await.unwrap())
+    };
+    assert_eq!(
+        (status.as_u16(), refund_answer["status"].as_str()),
+        (200, Some("unmatched"))
+    );
+    app.insert_order(8, "pay_8", "pending").await;
+    assert_eq!(
+        app.post(&event("evt_pay_8", "payment.succeeded", "pay_8"))
+            .await
+            .status(),
+        200
+    );
+
+    let (ok, out, err) = replay(&app, "evt_refund_early").await;
+    assert!(ok, "{err}");
+    assert!(
+        out.starts_with("replayed evt_refund_early: refunded, order 8, 1 command(s) enqueued"),
+        "{out}"
+    );
+    assert_eq!(app.order_status(8).await, "refunded");
+    let rows: Vec<(String, String)> = app
+        .client
+        .query("SELECT kind, status FROM outbox ORDER BY kind", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("send_confirmation".to_owned(), "pending".to_owned()),
+            ("send_refund_notice".to_owned(), "pending".to_owned()),
+            ("ship_order".to_owned(), "cancelled".to_owned()),
+        ]
+    );
+    // A later delivery of the refund is answered with what it did.
+    let again = app
+        .post(&event("evt_refund_early", "payment.refunded", "pay_8"))
+        .await;
+    let body: serde_json::Value = again.json().await.unwrap();
+    assert_eq!(body["status"], "refunded");
+    assert_eq!(body["order_id"], 8);
+}
+
+/// The statement's own guarantee, with no command-line check before it:
+/// replays that all start while the event's row is held (a barrier: each
+/// waits for its lock) apply it once, and the rest apply nothing.
+#[tokio::test]
+async fn replays_released_together_apply_the_event_once() {
+    let app = spawn_app().await;
+    let body = event("evt_racing", "payment.succeeded", "pay_9");
+    assert_eq!(app.post(&body).await.status(), 200);
+    app.insert_order(9, "pay_9", "pending").await;
+    let parsed = std::sync::Arc::new(domain::ProviderEvent::parse(body.as_bytes()).unwrap());
+    let pool = db::Database::parse(&app.db.as_ref().unwrap().url_as(Role::Ingest))
+        .unwrap()
+        .pool(&db::ConnectOptions {
+            application_name: "replay-race",
+            statement_timeout: Some(std::time::Duration::from_secs(30)),
+            lock_timeout: None,
+            abort_when_client_leaves: false,
+            asynchronous_commit: false,
+            generic_plans: false,
+            pool_size: 8,
+            pool_wait: std::time::Duration::from_secs(10),
+        });
+
+    let holder = crate::helpers::hold_event_row(&app, "evt_racing").await;
+    let racers: Vec<_> = (0..8)
+        .map(|_| {
+            let (pool, parsed) = (pool.clone(), parsed.clone());
+            tokio::spawn(async move {
+                let client = pool.get().await.unwrap();
+                storage::replay_event(&client, &parsed).await.unwrap()
+            })
+        })
+        .collect();
+    // Every replay waits for the row's lock before it is released.
+    let waiting = "SELECT count(*) FROM pg_stat_activity
+                    WHERE application_name = 'replay-race' AND wait_event_type = 'Lock'";
+    while app.count(waiting).await < 8 {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    holder.batch_execute("COMMIT").await.unwrap();
+    drop(holder);
+
+    let mut applied = Vec::new();
+    for racer in racers {
+        if let Some(replayed) = racer.await.unwrap() {
+            applied.push(replayed);
+        }
+    }
+    assert_eq!(applied.len(), 1, "{applied:?}");
+    assert_eq!(applied[0].status, domain::EventOutcome::Processed);
+    assert_eq!(applied[0].enqueued, 2);
+    assert_eq!(app.count("SELECT count(*) FROM outbox").await, 2);
+    assert_eq!(app.order_status(9).await, "paid");
 }
