@@ -25,7 +25,7 @@ pub struct Cli {
 pub enum Command {
     /// Run the worker (the default).
     Run,
-    /// Dead rows: list them, or put them back to pending.
+    /// Dead rows: list or show them, put them back to pending, or discard them.
     Dead {
         #[command(subcommand)]
         command: DeadCommand,
@@ -54,19 +54,66 @@ pub enum Command {
 pub enum DeadCommand {
     /// Dead rows with their last error, oldest first.
     List {
+        /// Only rows of this kind (ship_order, send_confirmation, send_refund_notice, or any other a row has).
+        #[arg(long)]
+        kind: Option<String>,
+        /// At most this many rows (1 to 100000).
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i64).range(1..=100_000))]
+        limit: i64,
+        /// The next page: the rows after this id (the last of the previous page).
+        #[arg(long, value_name = "ID")]
+        after: Option<i64>,
         /// JSON lines on stdout, one row per line.
         #[arg(long)]
         json: bool,
     },
-    /// Back to pending, due now, attempts reset.
+    /// One outbox row, whole (of any status): what it sends, its state, attempts, last error, times, trace.
+    Show {
+        /// The row's id.
+        id: i64,
+        /// One JSON object on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Back to pending, due now, attempts reset; prints each row it put back.
     Requeue {
         /// The row's id.
-        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        #[arg(required_unless_present = "all", conflicts_with_all = ["all", "kind"])]
         id: Option<i64>,
-        /// Every dead row.
+        /// Every dead row (of --kind, if given).
         #[arg(long)]
         all: bool,
+        /// With --all: only rows of this kind.
+        #[arg(long, requires = "all")]
+        kind: Option<String>,
+        /// Print the rows it would put back, and change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// JSON lines on stdout, one row per line.
+        #[arg(long)]
+        json: bool,
     },
+    /// End a dead row as cancelled, with the reason, kept for the audit (until retention).
+    Discard {
+        /// The row's id.
+        id: i64,
+        /// Why it is not to be sent (stored in its last_error; at most 500 characters).
+        #[arg(long, value_parser = parse_reason)]
+        reason: String,
+        /// One JSON object on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// A `dead discard` reason: some text, at most 500 characters.
+fn parse_reason(text: &str) -> Result<String, String> {
+    let text = text.trim();
+    match text.chars().count() {
+        0 => Err("give a reason: it is kept with the row, for whoever audits it".to_owned()),
+        1..=500 => Ok(text.to_owned()),
+        n => Err(format!("{n} characters; at most 500")),
+    }
 }
 
 /// Everything `outbox-relay` is configured with. `Debug` is safe to log: the

@@ -1,5 +1,5 @@
 //! `outbox-relay`: run the worker (default), or an operator command
-//! (`dead list`, `dead requeue`, `stats`, `prune`, `audit`).
+//! (`dead list`, `dead show`, `dead requeue`, `dead discard`, `stats`, `prune`, `audit`).
 //!
 //! # Layout
 //! Parses the configuration and checks all of it the command needs (exit 2
@@ -12,8 +12,8 @@
 use std::process::ExitCode;
 
 use outbox_relay::config::{Cli, Command, DeadCommand, RelayConfig, Settings};
-use outbox_relay::ops;
 use outbox_relay::startup::Application;
+use outbox_relay::{ops, storage};
 use process::config_error;
 
 /// mimalloc: the hot paths allocate small, short-lived buffers per request;
@@ -37,13 +37,33 @@ fn main() -> ExitCode {
             let log = settings.log.clone();
             process::run_service(PROGRAM, &log, run(settings, database, listen_database, config))
         }
-        Command::Dead {
-            command: DeadCommand::List { json },
-        } => process::run_command(PROGRAM, async move { ops::dead_list(&database, json).await }),
-        Command::Dead {
-            command: DeadCommand::Requeue { id, all },
-        } => process::run_command(PROGRAM, async move {
-            ops::dead_requeue(&database, if all { None } else { id }).await
+        Command::Dead { command } => process::run_command(PROGRAM, async move {
+            match command {
+                DeadCommand::List {
+                    kind,
+                    limit,
+                    after,
+                    json,
+                } => ops::dead_list(&database, &storage::DeadFilter { kind, limit, after }, json).await,
+                DeadCommand::Show { id, json } => ops::dead_show(&database, id, json).await,
+                DeadCommand::Requeue {
+                    id,
+                    all,
+                    kind,
+                    dry_run,
+                    json,
+                } => {
+                    let filter = storage::RequeueFilter {
+                        id: if all { None } else { id },
+                        kind,
+                        dry_run,
+                    };
+                    ops::dead_requeue(&database, &filter, json).await
+                }
+                DeadCommand::Discard { id, reason, json } => {
+                    ops::dead_discard(&database, id, &reason, json).await
+                }
+            }
         }),
         Command::Stats { json } => {
             process::run_command(PROGRAM, async move { ops::stats(&database, json).await })

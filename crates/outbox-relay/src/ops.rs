@@ -1,55 +1,216 @@
-//! The operator's commands: `dead list`, `dead requeue`, `stats`, `prune`, `audit`.
+//! The operator's commands: `dead list`, `dead show`, `dead requeue`,
+//! `dead discard`, `stats`, `prune`, `audit`.
 //! Tables for people, `--json` (one object per line) for scripts. Text from
 //! the database goes through [`printable`] in the tables (serde escapes it
 //! in the JSON).
 
 use std::io::Write as _;
 
-use process::terminal::printable;
+use process::terminal::{printable, utc_millis};
 
 use crate::storage;
 
-pub async fn dead_list(database: &db::Database, json: bool) -> anyhow::Result<()> {
+/// `dead list`: a page of dead rows, oldest first, and where the next starts.
+pub async fn dead_list(
+    database: &db::Database,
+    filter: &storage::DeadFilter,
+    json: bool,
+) -> anyhow::Result<()> {
     let client = database.connect("outbox-relay-cli").await?;
-    let rows = storage::dead_rows(&client).await?;
+    let page = storage::dead_rows(&client, filter).await?;
     let mut out = std::io::stdout().lock();
     if json {
-        for row in &rows {
+        for row in &page.rows {
             serde_json::to_writer(&mut out, row)?;
             out.write_all(b"\n")?;
         }
         return Ok(());
     }
+    let of_kind = filter
+        .kind
+        .as_deref()
+        .map_or_else(String::new, |k| format!(" of kind {}", printable(k)));
+    if page.rows.is_empty() {
+        writeln!(out, "(no dead rows{of_kind})")?;
+        return Ok(());
+    }
     writeln!(
         out,
-        "{:>10} {:<20} {:<24} {:>8} {:>10}  LAST_ERROR",
-        "ID", "KIND", "IDEMPOTENCY_KEY", "ATTEMPTS", "AGE"
+        "{:>10} {:<20} {:<24} {:<28} {:>8} {:>6}  LAST_ERROR",
+        "ID", "KIND", "IDEMPOTENCY_KEY", "EVENT", "ATTEMPTS", "AGE"
     )?;
-    for r in &rows {
+    for r in &page.rows {
         writeln!(
             out,
-            "{:>10} {:<20} {:<24} {:>8} {:>10}  {}",
+            "{:>10} {:<20} {:<24} {:<28} {:>8} {:>6}  {}",
             r.id,
             printable(&r.kind),
             printable(&r.idempotency_key),
+            printable(&r.event_id),
             r.attempts,
             human_age(r.age_seconds),
             printable(r.last_error.as_deref().unwrap_or("-"))
         )?;
     }
-    if rows.is_empty() {
-        writeln!(out, "(no dead rows)")?;
+    let shown = page.rows.len();
+    if let Some(last) = page.rows.last().filter(|_| shown as i64 == filter.limit) {
+        writeln!(
+            out,
+            "({shown} shown, {} dead{of_kind} in all; the next page: --after {})",
+            page.total, last.id
+        )?;
+    } else {
+        writeln!(out, "({} dead{of_kind} in all)", page.total)?;
     }
     Ok(())
 }
 
-pub async fn dead_requeue(database: &db::Database, id: Option<i64>) -> anyhow::Result<()> {
+/// `dead show <id>`: one outbox row, whole.
+pub async fn dead_show(database: &db::Database, id: i64, json: bool) -> anyhow::Result<()> {
     let client = database.connect("outbox-relay-cli").await?;
-    let n = storage::requeue_dead(&client, id).await?;
-    match (id, n) {
-        (Some(id), 0) => anyhow::bail!("row {id} is not dead (or does not exist)"),
-        _ => println!("requeued {n} row(s): pending, due now, attempts reset"),
+    let Some(row) = storage::outbox_row(&client, id).await? else {
+        anyhow::bail!("no outbox row {id} (never enqueued, or removed by retention after RETENTION_DAYS)");
+    };
+    let trace_id = row
+        .trace_context
+        .as_deref()
+        .and_then(process::traces::parse_traceparent)
+        .map(|(trace_id, _)| trace_id.to_owned());
+    let mut out = std::io::stdout().lock();
+    if json {
+        let mut value = serde_json::to_value(&row)?;
+        value["payload"] = serde_json::from_str(&row.payload).unwrap_or_else(|_| row.payload.clone().into());
+        value["trace_id"] = trace_id.into();
+        serde_json::to_writer(&mut out, &value)?;
+        out.write_all(b"\n")?;
+        return Ok(());
     }
+    writeln!(out, "row          {}", row.id)?;
+    writeln!(out, "kind         {}", printable(&row.kind))?;
+    writeln!(out, "key          {}", printable(&row.idempotency_key))?;
+    writeln!(out, "status       {}", printable(&row.status))?;
+    writeln!(out, "order        {}", row.order_id)?;
+    writeln!(out, "event        {} (enqueued it)", printable(&row.event_id))?;
+    writeln!(out, "attempts     {} (claims {})", row.attempts, row.claims)?;
+    writeln!(
+        out,
+        "last error   {}",
+        printable(row.last_error.as_deref().unwrap_or("-"))
+    )?;
+    writeln!(out, "created      {}", utc_millis(row.created_at))?;
+    match (row.finished_at, &row.lease_owner, row.leased_until) {
+        (Some(finished), _, _) => writeln!(out, "finished     {}", utc_millis(finished))?,
+        (None, Some(owner), Some(until)) => writeln!(
+            out,
+            "held by      {} until {}",
+            printable(owner),
+            utc_millis(until)
+        )?,
+        (None, _, _) => writeln!(out, "due          {}", utc_millis(row.available_at))?,
+    }
+    match (&trace_id, &row.trace_context) {
+        (Some(trace_id), Some(traceparent)) => {
+            writeln!(
+                out,
+                "trace        {trace_id} (traceparent {})",
+                printable(traceparent)
+            )?;
+        }
+        _ => writeln!(out, "trace        -")?,
+    }
+    writeln!(out, "payload      {}", printable(&row.payload))?;
+    Ok(())
+}
+
+/// `dead requeue`: dead rows back to pending; prints each one it put back
+/// (with `dry_run`, would put back, changing nothing).
+pub async fn dead_requeue(
+    database: &db::Database,
+    filter: &storage::RequeueFilter,
+    json: bool,
+) -> anyhow::Result<()> {
+    let client = database.connect("outbox-relay-cli").await?;
+    let rows = storage::requeue_dead(&client, filter).await?;
+    if let (Some(id), true) = (filter.id, rows.is_empty()) {
+        let status = storage::outbox_row(&client, id).await?.map(|r| r.status);
+        match status {
+            Some(status) => anyhow::bail!("row {id} is {}, not dead: nothing changed", printable(&status)),
+            None => anyhow::bail!("no outbox row {id}: nothing changed"),
+        }
+    }
+    let mut out = std::io::stdout().lock();
+    if json {
+        serde_json::to_writer(
+            &mut out,
+            &serde_json::json!({"dry_run": filter.dry_run, "count": rows.len(), "rows": rows}),
+        )?;
+        out.write_all(b"\n")?;
+        return Ok(());
+    }
+    let verb = if filter.dry_run {
+        "would requeue"
+    } else {
+        "requeued"
+    };
+    for r in &rows {
+        writeln!(
+            out,
+            "{verb} {} {} {} (after {} attempts; last error: {})",
+            r.id,
+            printable(&r.kind),
+            printable(&r.idempotency_key),
+            r.attempts,
+            printable(r.last_error.as_deref().unwrap_or("-"))
+        )?;
+    }
+    if filter.dry_run {
+        writeln!(
+            out,
+            "dry run: {} row(s) would be requeued; nothing changed",
+            rows.len()
+        )?;
+    } else {
+        writeln!(
+            out,
+            "requeued {} row(s): pending, due now, attempts reset",
+            rows.len()
+        )?;
+    }
+    Ok(())
+}
+
+/// `dead discard <id> --reason`: a dead row ended as cancelled, kept with the
+/// reason until retention.
+pub async fn dead_discard(database: &db::Database, id: i64, reason: &str, json: bool) -> anyhow::Result<()> {
+    let client = database.connect("outbox-relay-cli").await?;
+    let Some(row) = storage::discard_dead(&client, id, reason).await? else {
+        match storage::outbox_row(&client, id).await? {
+            Some(row) => anyhow::bail!(
+                "row {id} is {}, not dead: nothing changed",
+                printable(&row.status)
+            ),
+            None => anyhow::bail!("no outbox row {id}: nothing changed"),
+        }
+    };
+    let mut out = std::io::stdout().lock();
+    if json {
+        let mut value = serde_json::to_value(&row)?;
+        value["status"] = "cancelled".into();
+        serde_json::to_writer(&mut out, &value)?;
+        out.write_all(b"\n")?;
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "discarded {} {} {} (order {}, event {}, after {} attempts): dead -> cancelled, kept until retention; last error now: {}",
+        row.id,
+        printable(&row.kind),
+        printable(&row.idempotency_key),
+        row.order_id,
+        printable(&row.event_id),
+        row.attempts,
+        printable(row.last_error.as_deref().unwrap_or("-"))
+    )?;
     Ok(())
 }
 

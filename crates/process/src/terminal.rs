@@ -34,6 +34,16 @@ fn needs_escape(c: char) -> bool {
         )
 }
 
+/// A time as the operators' tables show it: UTC, to the millisecond
+/// (`2026-12-03T10:21:17.123Z`, 24 characters).
+pub fn utc_millis(at: time::OffsetDateTime) -> String {
+    at.to_offset(time::UtcOffset::UTC)
+        .format(time::macros::format_description!(
+            "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
+        ))
+        .unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     use super::printable;

@@ -10,10 +10,9 @@ use std::io::Write as _;
 use std::time::Duration;
 
 use domain::EventOutcome;
-use process::terminal::printable;
+use process::terminal::{printable, utc_millis};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
-use time::macros::format_description;
 
 use crate::storage::{self, CommandRow, EventDetail, EventFilter, EventRow};
 
@@ -103,7 +102,7 @@ fn write_table(out: &mut impl std::io::Write, rows: &[EventRow]) -> std::io::Res
             printable(&r.event_id),
             printable(&r.event_type),
             r.status,
-            shown(r.processed_at),
+            utc_millis(r.processed_at),
             r.deliveries,
             order
         )?;
@@ -147,15 +146,6 @@ fn trace_id(event: &EventDetail) -> Option<&str> {
 
 fn rfc3339(at: OffsetDateTime) -> String {
     at.format(&Rfc3339).unwrap_or_default()
-}
-
-/// A time as the tables show it: UTC, to the millisecond (24 characters).
-fn shown(at: OffsetDateTime) -> String {
-    at.to_offset(time::UtcOffset::UTC)
-        .format(format_description!(
-            "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
-        ))
-        .unwrap_or_default()
 }
 
 /// Text that should be JSON, as a JSON value; kept as a string if it is not.
@@ -215,8 +205,8 @@ fn write_story(
         out,
         "deliveries   {}: first {}, last {}",
         event.deliveries,
-        shown(event.processed_at),
-        shown(event.last_delivered_at)
+        utc_millis(event.processed_at),
+        utc_millis(event.last_delivered_at)
     )?;
     match (trace_id(event), &event.trace_context) {
         (Some(trace_id), Some(traceparent)) => {
@@ -246,11 +236,11 @@ fn write_story(
     )?;
     for c in commands {
         let when = match (&c.finished_at, &c.lease_owner, &c.leased_until) {
-            (Some(finished), _, _) => shown(*finished),
+            (Some(finished), _, _) => utc_millis(*finished),
             (None, Some(owner), Some(until)) => {
-                format!("held by {} until {}", printable(owner), shown(*until))
+                format!("held by {} until {}", printable(owner), utc_millis(*until))
             }
-            (None, _, _) => format!("due {}", shown(c.available_at)),
+            (None, _, _) => format!("due {}", utc_millis(c.available_at)),
         };
         writeln!(
             out,
@@ -259,7 +249,7 @@ fn write_story(
             printable(&c.kind),
             c.status,
             c.attempts,
-            shown(c.created_at),
+            utc_millis(c.created_at),
             printable(&c.event_id),
             when,
             c.last_error

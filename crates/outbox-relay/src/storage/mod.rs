@@ -36,7 +36,7 @@
 //! - [`complete`]: the fenced recording of a batch of [`Verdict`]s.
 //! - [`columns`]: the outbox's `kind` and `status`, decoded as they are read.
 //! - [`backlog`](mod@backlog): the gauges, `stats`, and the autoscaler's count of due rows.
-//! - [`dead`]: `dead list` and `dead requeue`.
+//! - [`dead`]: `dead list`, `dead show`, `dead requeue` and `dead discard`.
 //! - [`prune`](mod@prune): retention, in batches under an advisory lock.
 //! - [`audit`](mod@audit): what `audit` reads from the database.
 
@@ -53,7 +53,10 @@ pub use backlog::{Backlog, COUNT_DUE, StatusKindCount, backlog, counts_by_status
 pub use claim::{ClaimedRow, claim_due_batch, still_pending};
 pub use columns::{RowKind, Status};
 pub use complete::{Recorded, RowVerdict, Verdict, record_verdicts};
-pub use dead::{DeadRow, dead_rows, requeue_dead};
+pub use dead::{
+    DeadFilter, DeadPage, DeadRow, Discarded, OutboxRow, RequeueFilter, Requeued, dead_rows, discard_dead,
+    outbox_row, requeue_dead,
+};
 pub use prune::{PRUNE_BATCH, Pruned, prune, prune_connect_options};
 
 use db::Sql;
@@ -70,6 +73,8 @@ pub const STATEMENTS: &[&Sql] = &[
     &COUNT_DUE,
     &dead::DEAD_ROWS,
     &dead::REQUEUE_DEAD,
+    &dead::OUTBOX_ROW,
+    &dead::DISCARD_DEAD,
     &prune::PRUNE_OUTBOX,
     &prune::PRUNE_EVENTS,
     &prune::COMPRESS_WAL,

@@ -63,7 +63,7 @@ async fn a_stale_claims_outcome_never_matches_a_later_claim_even_after_a_requeue
     .await
     .unwrap();
     assert_eq!(recorded.len(), 1);
-    assert_eq!(storage::requeue_dead(&client, Some(id)).await.unwrap(), 1);
+    assert_eq!(requeue(&client, id).await, 1);
     let current = claim_one(&client, "relay-a", LONG)
         .await
         .expect("claimed after the requeue");
@@ -144,11 +144,21 @@ async fn a_row_that_takes_its_relay_down_on_every_claim_goes_dead_after_max_atte
     assert_eq!((status.as_str(), attempts), ("dead", MAX as i32));
     let error = error.unwrap_or_default();
     assert!(error.contains("claimed 3 times"), "{error}");
-    let dead = storage::dead_rows(&client).await.unwrap();
+    let dead = storage::dead_rows(
+        &client,
+        &storage::DeadFilter {
+            kind: None,
+            limit: 100,
+            after: None,
+        },
+    )
+    .await
+    .unwrap()
+    .rows;
     assert_eq!(dead.iter().map(|d| d.id).collect::<Vec<_>>(), [poison]);
 
     // Requeued by an operator, it gets RELAY_MAX_ATTEMPTS claims again.
-    assert_eq!(storage::requeue_dead(&client, Some(poison)).await.unwrap(), 1);
+    assert_eq!(requeue(&client, poison).await, 1);
     let rows = storage::claim_due_batch(&client, 10, "next", LONG, MAX, None)
         .await
         .unwrap();
@@ -233,4 +243,13 @@ async fn a_relay_that_stalled_past_its_lease_records_and_counts_nothing() {
     let (status, attempts, _) = env.row_status(id).await;
     assert_eq!((status.as_str(), attempts), ("done", 2));
     let _ = std::fs::remove_file(&log);
+}
+
+/// `dead requeue <id>`: how many rows it put back.
+async fn requeue(client: &db::Client, id: i64) -> usize {
+    let filter = storage::RequeueFilter {
+        id: Some(id),
+        ..Default::default()
+    };
+    storage::requeue_dead(client, &filter).await.unwrap().len()
 }

@@ -9,6 +9,7 @@
 mod call_log;
 mod crash;
 mod credentials;
+mod dead;
 mod delivery;
 mod fencing;
 mod helpers;

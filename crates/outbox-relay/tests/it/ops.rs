@@ -6,7 +6,7 @@ use testkit::metrics::Metrics;
 
 use crate::helpers::env;
 
-fn relay_cli(url: &str, args: &[&str]) -> (bool, String, String) {
+pub(crate) fn relay_cli(url: &str, args: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
         .args(args)
         .env("DATABASE_URL", url)

@@ -142,7 +142,8 @@ fn pool(url: &str) -> db::Pool {
 }
 
 /// Every statement the relay and its operator commands run: claim, the
-/// recheck of a claimed row, record verdicts, the gauges, `dead list`, `dead requeue`, `stats`, `prune`,
+/// recheck of a claimed row, record verdicts, the gauges, `dead list`, `dead show`, `dead discard`,
+/// `dead requeue`, `stats`, `prune`,
 /// `audit`, the schema check behind `/readyz`.
 async fn exercise_relay(
     admin: &tokio_postgres::Client,
@@ -176,8 +177,30 @@ async fn exercise_relay(
         .collect();
     storage::record_verdicts(&client, &owner, &verdicts).await?;
     storage::backlog(&client).await?;
-    storage::dead_rows(&client).await?;
-    storage::requeue_dead(&client, None).await?;
+    admin
+        .execute(
+            "INSERT INTO outbox (kind, payload, idempotency_key, event_id, order_id, status, last_error)
+             VALUES ('send_confirmation', '{}', 'confirm-' || $1::int8, 'evt_' || $1::int8, $1, 'dead', 'HTTP 400')",
+            &[&n],
+        )
+        .await
+        .unwrap();
+    let filter = storage::DeadFilter {
+        kind: None,
+        limit: 10,
+        after: None,
+    };
+    let dead = storage::dead_rows(&client, &filter).await?.rows;
+    let last = dead.last().expect("the dead rows just made");
+    storage::outbox_row(&client, first.id).await?;
+    let discarded = storage::discard_dead(&client, last.id, "roles test").await?;
+    assert!(discarded.is_some(), "the discard ends the row");
+    let dry = storage::RequeueFilter {
+        dry_run: true,
+        ..Default::default()
+    };
+    storage::requeue_dead(&client, &dry).await?;
+    storage::requeue_dead(&client, &storage::RequeueFilter::default()).await?;
     storage::counts_by_status_and_kind(&client).await?;
     storage::prune(&client, 7).await?;
     storage::audit(&client, Duration::from_secs(3600)).await?;
