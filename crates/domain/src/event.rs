@@ -55,7 +55,20 @@ pub enum EventError {
     Empty { field: &'static str },
     #[error("event contains a NUL character (\\u0000), which cannot be stored")]
     NulCharacter,
+    #[error("event contains a lone UTF-16 surrogate escape (\\u{0}), which cannot be stored")]
+    LoneSurrogate(String),
+    #[error(
+        "event contains the number `{0}`, beyond what can be stored (at most 131072 digits before the point and 16383 after)"
+    )]
+    NumberOutOfRange(String),
+    #[error("event nests arrays and objects more than {MAX_DEPTH} deep")]
+    TooDeep,
 }
+
+/// How deep arrays and objects may nest in an event (as serde_json's own
+/// limit for what it parses): Postgres' jsonb parser recurses, and an event
+/// nested some thousands deep exhausts its stack.
+pub const MAX_DEPTH: usize = 128;
 
 #[derive(Deserialize)]
 struct Wire {
@@ -69,12 +82,12 @@ impl ProviderEvent {
     /// Parses a verified body. The raw bytes are kept by the caller: they are
     /// what is stored, not a re-serialisation.
     pub fn parse(body: &[u8]) -> Result<Self, EventError> {
-        // Postgres' jsonb cannot hold U+0000; refuse it here with a clear
-        // error rather than fail the transaction later.
-        if contains_escaped_nul(body) {
-            return Err(EventError::NulCharacter);
-        }
         let wire: Wire = serde_json::from_slice(body).map_err(|e| EventError::NotJson(e.to_string()))?;
+        // What Postgres' jsonb cannot hold, anywhere in the event (fields
+        // this parser skips included): refused here with a clear 400 rather
+        // than failing the transaction later (a 500 the provider would retry
+        // for days).
+        storable(body)?;
         let id = required_string(wire.id, "id", EventError::MissingId)?;
         let event_type = required_string(wire.event_type, "type", EventError::MissingType)?;
         let payment_id = wire
@@ -110,19 +123,123 @@ fn required_string(
     Ok(s)
 }
 
-/// True if the JSON text contains the escape `\u0000` (in any hex case). A raw
-/// NUL byte is already invalid JSON.
-fn contains_escaped_nul(body: &[u8]) -> bool {
-    body.windows(6).enumerate().any(|(i, w)| {
-        w[0] == b'\\'
-            && (w[1] == b'u' || w[1] == b'U')
-            && &w[2..] == b"0000"
-            && preceding_backslashes(&body[..i]).is_multiple_of(2)
-    })
+/// Whether Postgres' jsonb can hold `body`, valid JSON: no `\u0000`, no
+/// lone surrogate escape, every number within `numeric`'s range, nesting at
+/// most [`MAX_DEPTH`]. One pass over the bytes.
+fn storable(body: &[u8]) -> Result<(), EventError> {
+    let mut depth = 0usize;
+    let mut i = 0;
+    while i < body.len() {
+        match body[i] {
+            b'"' => i = string_end(body, i + 1)?,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > MAX_DEPTH {
+                    return Err(EventError::TooDeep);
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            b'-' | b'0'..=b'9' => {
+                let len = body[i..]
+                    .iter()
+                    .take_while(|b| matches!(b, b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9'))
+                    .count();
+                let number = &body[i..i + len];
+                if !number_fits(number) {
+                    let shown = String::from_utf8_lossy(&number[..number.len().min(40)]).into_owned();
+                    return Err(EventError::NumberOutOfRange(shown));
+                }
+                i += len - 1;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    Ok(())
 }
 
-fn preceding_backslashes(before: &[u8]) -> usize {
-    before.iter().rev().take_while(|&&b| b == b'\\').count()
+/// The index of the quote closing the string that starts at `i`, its escapes
+/// checked.
+fn string_end(body: &[u8], mut i: usize) -> Result<usize, EventError> {
+    while i < body.len() {
+        match body[i] {
+            b'"' => return Ok(i),
+            b'\\' if body.get(i + 1) == Some(&b'u') => {
+                let unit = hex4(body, i + 2);
+                match unit {
+                    Some(0) => return Err(EventError::NulCharacter),
+                    Some(0xD800..=0xDBFF) => {
+                        let low = (body.get(i + 6) == Some(&b'\\') && body.get(i + 7) == Some(&b'u'))
+                            .then(|| hex4(body, i + 8))
+                            .flatten();
+                        if !matches!(low, Some(0xDC00..=0xDFFF)) {
+                            return Err(lone(body, i));
+                        }
+                        i += 12;
+                        continue;
+                    }
+                    Some(0xDC00..=0xDFFF) => return Err(lone(body, i)),
+                    _ => i += 6,
+                }
+                continue;
+            }
+            b'\\' => i += 2,
+            _ => i += 1,
+        }
+    }
+    Ok(i)
+}
+
+fn hex4(body: &[u8], at: usize) -> Option<u32> {
+    let digits = std::str::from_utf8(body.get(at..at + 4)?).ok()?;
+    u32::from_str_radix(digits, 16).ok()
+}
+
+fn lone(body: &[u8], at: usize) -> EventError {
+    EventError::LoneSurrogate(String::from_utf8_lossy(&body[at + 2..(at + 6).min(body.len())]).into_owned())
+}
+
+/// Whether a JSON number fits Postgres' `numeric` (as jsonb stores it): at
+/// most 16383 digits after the point (as written, less the exponent), a
+/// first significant digit at most 131071 places before it, an exponent
+/// below 2^30.
+fn number_fits(number: &[u8]) -> bool {
+    let text = number.strip_prefix(b"-").unwrap_or(number);
+    let (mantissa, exponent) = match text.iter().position(|b| matches!(b, b'e' | b'E')) {
+        Some(e) => (&text[..e], &text[e + 1..]),
+        None => (text, &b""[..]),
+    };
+    let exponent: i64 = if exponent.is_empty() {
+        0
+    } else {
+        let (negative, digits) = match exponent.first() {
+            Some(b'-') => (true, &exponent[1..]),
+            Some(b'+') => (false, &exponent[1..]),
+            _ => (false, exponent),
+        };
+        let magnitude = digits
+            .iter()
+            .try_fold(0i64, |n, d| n.checked_mul(10)?.checked_add(i64::from(d - b'0')))
+            .unwrap_or(i64::MAX);
+        if magnitude >= (1 << 30) {
+            return false;
+        }
+        if negative { -magnitude } else { magnitude }
+    };
+    let (int, frac) = match mantissa.iter().position(|&b| b == b'.') {
+        Some(p) => (&mantissa[..p], &mantissa[p + 1..]),
+        None => (mantissa, &b""[..]),
+    };
+    let scale = (frac.len() as i64 - exponent).max(0);
+    if scale > 16383 {
+        return false;
+    }
+    // The first significant digit's place: 0 for units, -1 for tenths.
+    let first = match int.iter().position(|&b| b != b'0') {
+        Some(p) => Some((int.len() - p) as i64 - 1),
+        None => frac.iter().position(|&b| b != b'0').map(|p| -(p as i64) - 1),
+    };
+    first.is_none_or(|place| place + exponent < 131_072)
 }
 
 #[cfg(test)]
@@ -169,8 +286,37 @@ mod tests {
             (br#"{"id": "e", "type": ""}"#, EventError::Empty { field: "type" }),
             (br#"{"id": "a\u0000b", "type": "x"}"#, EventError::NulCharacter),
             (
-                br#"{"id": "e", "type": "x", "data": {"k": "\U0000"}}"#,
+                br#"{"id": "e", "type": "x", "data": {"k": "\u0000"}}"#,
                 EventError::NulCharacter,
+            ),
+            // Anywhere, in fields the parser skips too: what jsonb refuses.
+            (
+                br#"{"id": "e", "type": "x", "z": "\ud800"}"#,
+                EventError::LoneSurrogate("d800".into()),
+            ),
+            (
+                br#"{"id": "e", "type": "x", "z": ["\uDC00\ud83d\ude00"]}"#,
+                EventError::LoneSurrogate("DC00".into()),
+            ),
+            (
+                br#"{"id": "e", "type": "x", "z": "\ud83d\u0041"}"#,
+                EventError::LoneSurrogate("d83d".into()),
+            ),
+            (
+                br#"{"id": "e", "type": "x", "z": 1e200000}"#,
+                EventError::NumberOutOfRange("1e200000".into()),
+            ),
+            (
+                br#"{"id": "e", "type": "x", "z": [0e-16384]}"#,
+                EventError::NumberOutOfRange("0e-16384".into()),
+            ),
+            (
+                br#"{"id": "e", "type": "x", "z": {"a": -1E+131072}}"#,
+                EventError::NumberOutOfRange("-1E+131072".into()),
+            ),
+            (
+                br#"{"id": "e", "type": "x", "z": 0e99999999999}"#,
+                EventError::NumberOutOfRange("0e99999999999".into()),
             ),
         ];
         for (body, expected) in cases {

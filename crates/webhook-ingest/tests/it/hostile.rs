@@ -292,3 +292,62 @@ async fn a_huge_header_is_refused_and_the_server_survives() {
         .await;
     assert_eq!(r.status(), 200, "the server still serves");
 }
+
+/// A signed event Postgres' jsonb cannot hold (a `\u0000`, a lone surrogate,
+/// a number beyond `numeric`, nesting thousands deep), in a field the parser
+/// skips, is a 400 naming why, and writes nothing; the same things just
+/// within what jsonb holds are recorded (200). Both sides of each bound,
+/// against the real database: a bound set too loose would show a 500 here,
+/// one set too tight a 400.
+#[tokio::test]
+async fn what_jsonb_cannot_hold_is_refused_and_what_it_can_is_recorded() {
+    let app = spawn_app_with(&[]).await;
+    let deep = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+    let refused = [
+        (r#""\u0000""#.to_owned(), "NUL"),
+        (r#""\ud800""#.to_owned(), "surrogate"),
+        (r#""\udc00\ud83d\ude00""#.to_owned(), "surrogate"),
+        (r#""\ud83d\u0041""#.to_owned(), "surrogate"),
+        ("1e131072".to_owned(), "number"),
+        ("-0.5e131073".to_owned(), "number"),
+        ("0e-16384".to_owned(), "number"),
+        ("1e-16384".to_owned(), "number"),
+        (format!("0.{}1", "0".repeat(16383)), "number"),
+        ("0e2000000000".to_owned(), "number"),
+        (deep(129), "deep"),
+        (deep(20_000), "deep"),
+    ];
+    for (n, (value, why)) in refused.iter().enumerate() {
+        let body = format!(r#"{{"id": "evt_bad_{n}", "type": "payment.succeeded", "z": {value}}}"#);
+        let r = app.post(&body).await;
+        let status = r.status().as_u16();
+        let text = r.text().await.unwrap();
+        assert_eq!(status, 400, "{value:.60}: {text}");
+        assert!(text.contains(why), "{value:.60}: {text}");
+    }
+    assert_eq!(app.count("SELECT count(*) FROM processed_events").await, 0);
+
+    let held = [
+        r#""\ud83d\ude00 \uD83D\uDE00""#.to_owned(),
+        "1.5e131071".to_owned(),
+        "-9e131071".to_owned(),
+        "1e400".to_owned(),
+        "0e-16383".to_owned(),
+        "1e-16383".to_owned(),
+        format!("0.{}1", "0".repeat(16382)),
+        format!("1{}", "0".repeat(20_000)),
+        "0e1073741822".to_owned(),
+        deep(127),
+    ];
+    for (n, value) in held.iter().enumerate() {
+        let body = format!(r#"{{"id": "evt_ok_{n}", "type": "payment.succeeded", "z": {value}}}"#);
+        let r = app.post(&body).await;
+        let status = r.status().as_u16();
+        let text = r.text().await.unwrap();
+        assert_eq!(status, 200, "{value:.60}: {text}");
+    }
+    assert_eq!(
+        app.count("SELECT count(*) FROM processed_events WHERE payload ? 'z'").await,
+        held.len() as i64
+    );
+}

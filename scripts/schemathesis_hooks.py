@@ -1,0 +1,169 @@
+"""Schemathesis hooks for docs/openapi.yaml against a live webhook-ingest.
+
+Loaded by crates/webhook-ingest/tests/it/openapi.rs through SCHEMATHESIS_HOOKS.
+Generated requests would all stop at the signature check (401), so most are
+signed here with the ingest's secret, the way a provider signs, over the
+exact bytes sent; some are steered to the test's seeded orders or resent as
+they were (to reach every `status` and the replay header), some are sent too
+large, and the rest go unsigned or badly signed, so the 401s and the 413 are
+checked against the document too. The admin endpoints' text bodies are
+decoded, so they are checked too (schemathesis checks only JSON by itself).
+
+Environment (set by the test):
+  OPENAPI_SCHEME       `standard` or `stripe`: the ingest's WEBHOOK_SIGNATURE_SCHEME
+  OPENAPI_SECRET       one of its WEBHOOK_SECRETS
+  OPENAPI_PAYMENT_IDS  comma-separated payment ids of orders the test inserted
+  OPENAPI_HOOK_SEED    seed of the choices below (a run is reproducible)
+"""
+
+import base64
+import hashlib
+import hmac
+import itertools
+import json
+import os
+import random
+import time
+
+import schemathesis
+from schemathesis.core import NotSet
+
+WEBHOOK_PATH = "/webhooks/payments"
+MAX_BODY_BYTES = 256 * 1024
+# A stale timestamp: further in the past than any tolerance the test sets.
+STALE_SECS = 3600
+
+SCHEME = os.environ.get("OPENAPI_SCHEME", "standard")
+SECRET = os.environ.get("OPENAPI_SECRET", "")
+PAYMENT_IDS = [p for p in os.environ.get("OPENAPI_PAYMENT_IDS", "").split(",") if p]
+RANDOM = random.Random(int(os.environ.get("OPENAPI_HOOK_SEED", "1")))
+
+SIGNATURE_HEADERS = ("webhook-id", "webhook-timestamp", "webhook-signature", "Stripe-Signature")
+
+# How a request is signed, and how often (weights).
+SIGNINGS = [
+    ("signed", 80),
+    ("unsigned", 6),
+    ("wrong_secret", 5),
+    ("stale", 5),
+    ("as_generated", 4),  # schemathesis's own header values: malformed, mostly
+]
+# What is done to a signed body first, and how often (weights).
+STEERS = [
+    ("as_generated", 40),
+    ("fresh_id", 15),  # a new `id` (generated ones repeat, and so replay)
+    ("seeded_order", 30),  # a payment or refund of an order the test inserted
+    ("resend", 12),  # an earlier signed body again: a redelivery
+    ("oversized", 3),
+]
+
+_fresh_ids = itertools.count(1)
+_sent = []  # bodies sent signed, to resend
+
+
+def _pick(weighted):
+    names = [name for name, _ in weighted]
+    weights = [weight for _, weight in weighted]
+    return RANDOM.choices(names, weights)[0]
+
+
+def _key(secret):
+    if SCHEME == "standard":
+        encoded = secret[len("whsec_"):] if secret.startswith("whsec_") else secret
+        return base64.b64decode(encoded)
+    return secret.encode()
+
+
+def _signature_headers(raw, secret, timestamp):
+    """The headers a provider would send for `raw`."""
+    key = _key(secret)
+    ts = str(timestamp)
+    if SCHEME == "standard":
+        msg_id = f"msg_{next(_fresh_ids)}"
+        tag = hmac.new(key, f"{msg_id}.{ts}.".encode() + raw, hashlib.sha256).digest()
+        return {
+            "webhook-id": msg_id,
+            "webhook-timestamp": ts,
+            "webhook-signature": "v1," + base64.b64encode(tag).decode(),
+        }
+    tag = hmac.new(key, f"{ts}.".encode() + raw, hashlib.sha256).hexdigest()
+    return {"Stripe-Signature": f"t={ts},v1={tag}"}
+
+
+def _serialize(body):
+    """The bytes schemathesis would send for `body` as application/json."""
+    if isinstance(body, NotSet):
+        return b""
+    if isinstance(body, bytes):
+        return body
+    if body is None:
+        return b"null"
+    return json.dumps(body, allow_nan=False).encode("utf-8")
+
+
+def _steer(case):
+    """Changes `case.body` (a signed one) as STEERS says; returns the bytes to send, or None."""
+    steer = _pick(STEERS)
+    if steer == "resend" and not _sent:
+        steer = "as_generated"
+    if steer == "resend":
+        raw = RANDOM.choice(_sent)
+        case.body = json.loads(raw)
+        return raw
+    if steer == "seeded_order" and PAYMENT_IDS:
+        body = case.body if isinstance(case.body, dict) else {}
+        data = body.get("data") if isinstance(body.get("data"), dict) else {}
+        data["payment_id"] = RANDOM.choice(PAYMENT_IDS)
+        body.update(
+            id=f"evt_openapi_{next(_fresh_ids)}",
+            type=RANDOM.choice(["payment.succeeded", "payment.succeeded", "payment.refunded"]),
+            data=data,
+        )
+        case.body = body
+    elif steer == "fresh_id" and isinstance(case.body, dict):
+        case.body["id"] = f"evt_openapi_{next(_fresh_ids)}"
+    elif steer == "oversized":
+        case.body = {"id": f"evt_openapi_{next(_fresh_ids)}", "type": "payment.succeeded",
+                     "padding": "x" * MAX_BODY_BYTES}
+    return None
+
+
+@schemathesis.deserializer("text/plain", "application/openmetrics-text")
+def _text(_context, response):
+    """The admin endpoints' text, so their bodies are checked against the document too."""
+    return response.content.decode("utf-8")
+
+
+@schemathesis.hook
+def before_call(context, case, kwargs):
+    # `kwargs` (not `**kwargs`): the transport's own arguments, so the body
+    # set here is what is sent, byte for byte as signed.
+    if case.operation.path != WEBHOOK_PATH:
+        return
+    signing = _pick(SIGNINGS)
+    if signing == "as_generated":
+        return
+    headers = {k: v for k, v in (case.headers or {}).items() if k.lower() not in
+               {h.lower() for h in SIGNATURE_HEADERS}}
+    raw = None
+    if signing == "signed":
+        raw = _steer(case)
+    if raw is None:
+        try:
+            raw = _serialize(case.body)
+        except (TypeError, ValueError):
+            # Not JSON-serialisable as it is: sent as schemathesis sends it, unsigned.
+            case.headers = headers
+            return
+    if signing != "unsigned":
+        secret = SECRET
+        timestamp = int(time.time())
+        if signing == "wrong_secret":
+            secret = "whsec_" + base64.b64encode(b"not-the-ingest-secret-at-all").decode()
+        elif signing == "stale":
+            timestamp -= STALE_SECS
+        headers.update(_signature_headers(raw, secret, timestamp))
+    if signing == "signed" and len(raw) <= MAX_BODY_BYTES and raw[:1] == b"{":
+        _sent.append(raw)
+    case.headers = headers
+    kwargs["data"] = raw
