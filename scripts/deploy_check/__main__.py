@@ -7,11 +7,14 @@ the pinned Python packages. No cluster is needed and nothing is applied.
    with `kubectl kustomize`.
 2. Validate what it renders: built-in kinds against the Kubernetes schemas in
    strict mode (kubernetes-validate), the custom resources against their
-   published CRD schemas (crds/), the alert rules with `promtool check rules`.
+   published CRD schemas (crds/), the alert rules with `promtool check rules`
+   and their unit tests with `promtool test rules`.
 3. Check the manifests against the code (against_code.py): variables against
    the binaries' `--help`, ports and probes against the admin server, grace
    periods against the shutdown budgets, KEDA's query against the relay's,
-   alerts against the metrics the code exports, images against the Dockerfile.
+   alerts (and their runbook_url) and the dashboard against the metrics the
+   code exports and RUNBOOK.md, the recommended labels, images against the
+   Dockerfile.
 
 What only a cluster knows (admission, defaulting, the CRD versions
 installed, the controllers) is out of reach.
@@ -39,7 +42,8 @@ try:
     from . import egress
     from .binaries import OURS, Binaries
     from .render import ROOT, RenderError, examples, kubectl_version, render_all
-    from .validate import K8S_VERSION, crd_sources, ident, promtool_version, rules_problems, schema_problems
+    from .validate import (K8S_VERSION, crd_sources, ident, promtool_version, rules_problems, rules_test_problems,
+                           schema_problems)
 except ImportError as e:  # pragma: no cover - environment problem
     sys.stderr.write(f"deploy-check: missing Python package ({e.name}); run scripts/deploy-check.sh\n")
     sys.exit(2)
@@ -108,8 +112,10 @@ def main() -> int:
         for rule in [o for o in r.objs if o.get("kind") == "PrometheusRule"]:
             key = json.dumps(rule["spec"], sort_keys=True)
             if key not in rules_seen:
-                rules_seen[key] = rules_problems(rule)
-            report.check(f"[{r.label}] {ident(rule)}: promtool check rules", rules_seen[key])
+                rules_seen[key] = (rules_problems(rule), rules_test_problems(rule))
+            checked, tested = rules_seen[key]
+            report.check(f"[{r.label}] {ident(rule)}: promtool check rules", checked)
+            report.check(f"[{r.label}] {ident(rule)}: promtool test rules (each alert fires, and stays silent, when it should)", tested)
     problems = [f"{path.relative_to(ROOT)}: {p}" for path, doc in examples() for p in schema_problems(doc)]
     report.check("*.example.yaml schemas (strict)", problems)
 
@@ -124,6 +130,7 @@ def main() -> int:
             report.check(f"[{r.label}] ports, probes and scrapes match the admin server", code.check_ports_and_probes(objs, ours))
             report.check(f"[{r.label}] grace periods cover the shutdown budgets", code.check_grace(objs, ours))
             report.check(f"[{r.label}] the migration runs the deployed release; no Secret rendered", code.check_release(objs, ours))
+            report.check(f"[{r.label}] recommended labels on every object; the version is the images' tag", code.check_labels(objs, ours))
         if any(o.get("kind") == "NetworkPolicy" for o in objs):
             report.check(f"[{r.label}] NetworkPolicies reach 5432 and 443 only at the overlay's configured ranges", egress.check_egress(objs))
             broken = egress.breakages(objs)
@@ -134,7 +141,9 @@ def main() -> int:
         if any(o.get("kind") == "ScaledObject" for o in objs):
             report.check(f"[{r.label}] KEDA query = crates/outbox-relay/sql/count_due.sql", code.check_keda_query(objs))
         if any(o.get("kind") == "PrometheusRule" for o in objs):
-            report.check(f"[{r.label}] alerts use the code's metrics and label values; RUNBOOK sections", code.check_alerts(objs))
+            report.check(f"[{r.label}] alerts use the code's metrics and label values; RUNBOOK sections and runbook_url anchors", code.check_alerts(objs))
+        if any(((o.get("metadata") or {}).get("labels") or {}).get("grafana_dashboard") for o in objs):
+            report.check(f"[{r.label}] Grafana dashboard: JSON, $datasource and $namespace, the code's metrics", code.check_dashboard(objs))
     report.check("deploy/Dockerfile runs each binary as the manifests' uid", code.check_dockerfile(all_ours))
     return report.summary()
 

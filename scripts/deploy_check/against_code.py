@@ -4,9 +4,11 @@ deploy. Each returns a list of problems (empty: passed)."""
 from __future__ import annotations
 
 import difflib
+import json
 import math
 import re
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from .binaries import OURS, REQUIRED, Binaries, Cli
 from .render import DEPLOY, ROOT
@@ -297,7 +299,10 @@ def code_metrics() -> tuple[set[str], set[str], set[str]]:
                 series |= {name + s for s in ("", "_total", "_bucket", "_sum", "_count")}
         for body in LABEL_SET.findall(text):
             labels |= set(re.findall(r"pub (\w+):", body))
-    literals = set(re.findall(r'"((?:[^"\\]|\\.)*)"', shipped_sources()))
+    sources = shipped_sources()
+    literals = set(re.findall(r'"((?:[^"\\]|\\.)*)"', sources))
+    # process::metrics::register(.., "<service>_build_info", ..): a collector's gauge.
+    series |= {name for name in literals if re.fullmatch(r"[a-z_]+_build_info", name)}
     return series, labels, literals
 
 
@@ -333,9 +338,108 @@ def check_alerts(objs: list[dict]) -> list[str]:
                 if rule.get("alert"):
                     if rule["alert"].lower() not in anchors:
                         problems.append(f"{name}: no `## {rule['alert']}` section in deploy/RUNBOOK.md")
-                    for link in re.findall(r"RUNBOOK\.md#([a-z0-9-]+)", " ".join((rule.get("annotations") or {}).values())):
+                    prose = [v for k, v in (rule.get("annotations") or {}).items() if k != "runbook_url"]
+                    for link in re.findall(r"RUNBOOK\.md#([a-z0-9-]+)", " ".join(prose)):
                         if link not in anchors:
                             problems.append(f"{name}: links RUNBOOK.md#{link}, which is no heading")
+                    problems += [f"{name}: {p}" for p in runbook_url_problems(rule, anchors)]
+    return problems
+
+
+def runbook_url_problems(rule: dict, anchors: set[str]) -> list[str]:
+    """The alert's runbook_url: what Alertmanager, Grafana and PagerDuty show as
+    a link, so absolute (they resolve nothing relative), to deploy/RUNBOOK.md
+    (as the overlay's RUNBOOK_URL says where it is served), at the alert's
+    own section."""
+    url = str((rule.get("annotations") or {}).get("runbook_url") or "")
+    if not url:
+        return ["no runbook_url annotation"]
+    parts = urlsplit(url)
+    if parts.scheme not in ("https", "http") or not parts.netloc:
+        return [f"runbook_url {url!r} is not an absolute http(s) URL (is the overlay's ConfigMap `runbook`, "
+                "RUNBOOK_URL, replaced into it? see components/monitoring/kustomization.yaml)"]
+    problems = []
+    if not parts.path.endswith("/RUNBOOK.md"):
+        problems.append(f"runbook_url {url!r} does not lead to a RUNBOOK.md")
+    if parts.fragment != rule["alert"].lower():
+        problems.append(f"runbook_url {url!r} is not at #{rule['alert'].lower()}, the alert's own section")
+    elif parts.fragment not in anchors:
+        problems.append(f"runbook_url {url!r}: deploy/RUNBOOK.md has no such heading")
+    return problems
+
+
+def check_dashboard(objs: list[dict]) -> list[str]:
+    """Each Grafana dashboard shipped (a ConfigMap labelled grafana_dashboard):
+    JSON with a uid, every panel on the `$datasource` variable, every query
+    for one `$namespace`, and the product's metrics it names exported by the
+    code (that each query returns data on a live stack is
+    tests/e2e/prometheus.rs's to prove)."""
+    problems = []
+    series, _, _ = code_metrics()
+    for cm in [o for o in objs if o.get("kind") == "ConfigMap"
+               and ((o.get("metadata") or {}).get("labels") or {}).get("grafana_dashboard")]:
+        for key, text in (cm.get("data") or {}).items():
+            where = f"{ident(cm)} {key}"
+            try:
+                dashboard = json.loads(text)
+            except json.JSONDecodeError as e:
+                problems.append(f"{where}: not JSON: {e}")
+                continue
+            if not dashboard.get("uid"):
+                problems.append(f"{where}: no uid (Grafana would make one per import)")
+            variables = {v.get("name") for v in (dashboard.get("templating") or {}).get("list") or []}
+            for needed in ("datasource", "namespace"):
+                if needed not in variables:
+                    problems.append(f"{where}: no `{needed}` variable")
+            panels = [p for p in dashboard.get("panels") or [] if p.get("type") != "row"]
+            if not panels:
+                problems.append(f"{where}: no panel")
+            for panel in panels:
+                title = f"{where} panel {panel.get('title')!r}"
+                if (panel.get("datasource") or {}).get("uid") != "${datasource}":
+                    problems.append(f"{title}: datasource is not ${{datasource}}")
+                if not panel.get("targets"):
+                    problems.append(f"{title}: no query")
+                for target in panel.get("targets") or []:
+                    expr = str(target.get("expr") or "")
+                    if "$namespace" not in expr:
+                        problems.append(f"{title}: {expr!r} is not limited to $namespace")
+                    for m in METRIC_SELECTOR.finditer(expr):
+                        metric = m.group(1)
+                        if metric.startswith(("webhook_", "outbox_")) and metric not in series:
+                            near = difflib.get_close_matches(metric, sorted(series), 2)
+                            problems.append(f"{title}: `{metric}` is not a series the binaries register"
+                                            + (f" (did you mean {' or '.join(near)}?)" if near else ""))
+    return problems
+
+
+# The recommended labels (kubernetes.io/docs/concepts/overview/working-with-objects/common-labels).
+RECOMMENDED = ("app.kubernetes.io/part-of", "app.kubernetes.io/managed-by",
+               "app.kubernetes.io/instance", "app.kubernetes.io/version")
+
+
+def check_labels(objs: list[dict], containers: list[Ours]) -> list[str]:
+    """Every object an operator applies carries the recommended labels, one
+    instance and one version per render, and the version is the tag of the
+    images it runs (when they have one)."""
+    problems = []
+    values: dict[str, set[str]] = {k: set() for k in RECOMMENDED}
+    for obj in objs:
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        missing = [k for k in RECOMMENDED if k not in labels]
+        if missing:
+            problems.append(f"{ident(obj)}: no {', '.join(missing)} label")
+        for k in RECOMMENDED:
+            if k in labels:
+                values[k].add(str(labels[k]))
+    for k in ("app.kubernetes.io/instance", "app.kubernetes.io/version"):
+        if len(values[k]) > 1:
+            problems.append(f"{k} differs between objects: {sorted(values[k])}")
+    tags = {c.container.get("image", "").split("@")[0].rsplit("/", 1)[-1].partition(":")[2] for c in containers}
+    tags.discard("")
+    if tags and values["app.kubernetes.io/version"] and tags != values["app.kubernetes.io/version"]:
+        problems.append(f"app.kubernetes.io/version {sorted(values['app.kubernetes.io/version'])} is not the images' tag "
+                        f"{sorted(tags)}: set both in the release (overlays/prod/release)")
     return problems
 
 

@@ -1,6 +1,7 @@
 """Schemas: the Kubernetes OpenAPI schemas (kubernetes-validate, strict: an
 unknown field fails), the published schemas of the custom resources we use
-(crds/, see crds/README.md), and `promtool check rules` for the alerts."""
+(crds/, see crds/README.md), and promtool for the alerts: `check rules`, and
+`test rules` with the unit tests beside them."""
 
 from __future__ import annotations
 
@@ -21,6 +22,10 @@ import yaml
 K8S_VERSION = "1.30.0"
 
 CRDS = Path(__file__).resolve().parent / "crds"
+ROOT = Path(__file__).resolve().parents[2]
+# The alerts' unit tests (promtool test rules); its rule_files name RULES_FILE.
+RULES_TESTS = ROOT / "deploy/components/monitoring/tests/rules-test.yaml"
+RULES_FILE = "webhooks.rules.yaml"
 
 
 def ident(obj: dict) -> str:
@@ -104,3 +109,46 @@ def promtool_version() -> str:
         return "no promtool"
     done = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30)
     return (done.stdout or done.stderr).splitlines()[0] if (done.stdout or done.stderr) else "promtool"
+
+
+def rules_test_problems(rule: dict) -> list[str]:
+    """`promtool test rules` of RULES_TESTS on a PrometheusRule's groups, and
+    every alert of it tested both ways: some test expects it firing, and
+    some test expects it silent at a time it is evaluated.
+
+    The groups are written without their annotations: promtool compares
+    every annotation of an alert that fires with the test's
+    `exp_annotations`, and these tests are about when alerts fire (the
+    annotations are checked by `check rules` and against RUNBOOK.md)."""
+    exe = promtool()
+    if exe is None:
+        return ["no promtool: run scripts/deploy-check.sh (it installs one), or set DEPLOY_CHECK_PROMTOOL"]
+    if not RULES_TESTS.is_file():
+        return [f"{RULES_TESTS.relative_to(ROOT)} is missing: the alerts' unit tests"]
+    if "/" in exe:
+        exe = str(Path(exe).resolve())  # it runs in the temporary folder
+    tests = yaml.safe_load(RULES_TESTS.read_text()) or {}
+    problems = []
+    if tests.get("rule_files") != [RULES_FILE]:
+        problems.append(f"{RULES_TESTS.relative_to(ROOT)}: rule_files must be [{RULES_FILE}] (deploy-check writes the rules there)")
+    groups = json.loads(json.dumps((rule.get("spec") or {}).get("groups") or []))
+    for group in groups:
+        for r in group.get("rules") or []:
+            r.pop("annotations", None)
+    with tempfile.TemporaryDirectory(prefix="deploy-check-rules-") as tmp:
+        (Path(tmp) / RULES_FILE).write_text(yaml.safe_dump({"groups": groups}, sort_keys=False))
+        (Path(tmp) / RULES_TESTS.name).write_text(RULES_TESTS.read_text())
+        done = subprocess.run([exe, "test", "rules", RULES_TESTS.name], cwd=tmp, capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        problems += [line.rstrip() for line in (done.stdout + done.stderr).splitlines()
+                     if line.strip() and not line.startswith("Unit Testing:")]
+    fires, silent = set(), set()
+    for test in tests.get("tests") or []:
+        for case in test.get("alert_rule_test") or []:
+            (fires if case.get("exp_alerts") else silent).add(case.get("alertname"))
+    for alert in [r["alert"] for g in groups for r in g.get("rules") or [] if r.get("alert")]:
+        if alert not in fires:
+            problems.append(f"{alert}: no test in {RULES_TESTS.relative_to(ROOT)} expects it to fire")
+        if alert not in silent:
+            problems.append(f"{alert}: no test in {RULES_TESTS.relative_to(ROOT)} expects it silent")
+    return problems

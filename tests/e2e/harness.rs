@@ -105,12 +105,24 @@ pub struct ReceivedSpan {
     pub name: String,
     /// 1 internal, 2 server, 3 client, 4 producer, 5 consumer.
     pub kind: i32,
+    /// 0 unset, 1 ok, 2 error.
+    pub status: i32,
+    /// Every attribute, as text whatever its type.
     pub attributes: HashMap<String, String>,
+    /// The attributes exported as integers.
+    pub ints: HashMap<String, i64>,
+    /// Its resource's attributes (`service.name`, `service.version`...).
+    pub resource: HashMap<String, String>,
 }
 
 impl ReceivedSpan {
     pub fn attr(&self, key: &str) -> Option<&str> {
         self.attributes.get(key).map(String::as_str)
+    }
+
+    /// An attribute exported as an integer (`None` if absent or of another type).
+    pub fn int(&self, key: &str) -> Option<i64> {
+        self.ints.get(key).copied()
     }
 }
 
@@ -164,12 +176,13 @@ async fn receive(body: web::Bytes, store: web::Data<Arc<Mutex<Vec<ReceivedSpan>>
     };
     let mut spans = store.lock().unwrap();
     for resource_spans in request.resource_spans {
-        let service = resource_spans
+        let resource: HashMap<String, String> = resource_spans
             .resource
-            .as_ref()
-            .and_then(|r| r.attributes.iter().find(|a| a.key == "service.name"))
-            .map(|a| value_string(a.value.as_ref()))
-            .unwrap_or_default();
+            .iter()
+            .flat_map(|r| &r.attributes)
+            .map(|a| (a.key.clone(), value_string(a.value.as_ref())))
+            .collect();
+        let service = resource.get("service.name").cloned().unwrap_or_default();
         for scope in resource_spans.scope_spans {
             for span in scope.spans {
                 spans.push(ReceivedSpan {
@@ -179,11 +192,23 @@ async fn receive(body: web::Bytes, store: web::Data<Arc<Mutex<Vec<ReceivedSpan>>
                     parent_span_id: hex(&span.parent_span_id),
                     name: span.name,
                     kind: span.kind,
+                    status: span.status.map_or(0, |s| s.code),
                     attributes: span
                         .attributes
                         .iter()
                         .map(|a| (a.key.clone(), value_string(a.value.as_ref())))
                         .collect(),
+                    ints: span
+                        .attributes
+                        .iter()
+                        .filter_map(|a| match a.value.as_ref().and_then(|v| v.value.as_ref()) {
+                            Some(opentelemetry_proto::tonic::common::v1::any_value::Value::IntValue(i)) => {
+                                Some((a.key.clone(), *i))
+                            }
+                            _ => None,
+                        })
+                        .collect(),
+                    resource: resource.clone(),
                 });
             }
         }

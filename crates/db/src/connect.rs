@@ -125,14 +125,34 @@ impl Database {
 
     /// `host:port/dbname` for logs and errors, without credentials.
     pub fn describe(&self) -> String {
+        let (host, port) = self.host_and_port();
+        let db = self.config.get_dbname().unwrap_or("");
+        format!("{host}:{port}/{db}")
+    }
+
+    /// Where the statements of pools made from this database go, as their
+    /// client spans say it ([`crate::span`]): the database (the user's name
+    /// when the URL names none, as the server takes it), the first host and
+    /// its port.
+    pub fn span_server(&self) -> crate::span::Server {
+        let (host, port) = self.host_and_port();
+        let database = self
+            .config
+            .get_dbname()
+            .or(self.config.get_user())
+            .unwrap_or_default();
+        crate::span::Server::new(database, &host, port)
+    }
+
+    /// The first host (a socket's folder for a Unix socket) and its port.
+    fn host_and_port(&self) -> (String, u16) {
         let host = match self.config.get_hosts().first() {
             Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
             Some(tokio_postgres::config::Host::Unix(p)) => p.display().to_string(),
             None => "localhost".into(),
         };
         let port = self.config.get_ports().first().copied().unwrap_or(5432);
-        let db = self.config.get_dbname().unwrap_or("");
-        format!("{host}:{port}/{db}")
+        (host, port)
     }
 
     /// The same target, reached through a pooler in `mode`: pools made from it
@@ -285,5 +305,23 @@ mod tests {
         let db = Database::parse("postgres://user:hunter2@db.example:6543/shop?sslmode=require").unwrap();
         assert_eq!(db.describe(), "db.example:6543/shop");
         assert!(!format!("{db:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn spans_name_the_database_and_the_server_without_credentials() {
+        let db = Database::parse("postgres://user:hunter2@db.example:6543/shop?sslmode=require").unwrap();
+        let server = db.span_server();
+        assert_eq!(
+            (server.namespace(), server.address(), server.port()),
+            ("shop", "db.example", 6543)
+        );
+        let server = Database::parse("postgres://ingest_app@10.0.0.7")
+            .unwrap()
+            .span_server();
+        assert_eq!(
+            (server.namespace(), server.address(), server.port()),
+            ("ingest_app", "10.0.0.7", 5432),
+            "no database named: the server takes the user's name"
+        );
     }
 }

@@ -21,6 +21,8 @@
 //! - [`ready`]: the database half of `/readyz` (reachable, `search_path`
 //!   pinned, schema current).
 //! - `error`: [`is_connectivity_error`], what a database error means.
+//! - [`span`]: the statements' client spans ([`client_span!`]), by the
+//!   OpenTelemetry conventions for database spans.
 //!
 //! This crate's own statements are `.sql` files beside their modules
 //! (`src/migrate/`, `src/ready/`), listed in [`STATEMENTS`].
@@ -32,6 +34,7 @@ mod error;
 pub mod migrate;
 pub mod pool;
 pub mod ready;
+pub mod span;
 pub mod sql;
 mod tls;
 mod url;
@@ -40,9 +43,13 @@ pub use cancel::Canceller;
 pub use connect::{ConnectOptions, Database, SEARCH_PATH};
 pub use error::is_connectivity_error;
 pub use migrate::{SchemaStatus, UnsafeSchema, migrate, schema_status};
-pub use pool::{Client, Pool, PoolError, PoolMode};
+pub use pool::{Client, Pool, PoolError, PoolMode, PoolStatus};
 pub use sql::{Column, Executor, Sql, col};
 pub use url::DatabaseUrlError;
+
+/// For [`client_span!`]: the `tracing` its expansion names.
+#[doc(hidden)]
+pub use tracing as __tracing;
 
 /// The channel the ingest notifies after a commit that enqueued commands, and
 /// the relay `LISTEN`s on. Statements take it as a parameter.

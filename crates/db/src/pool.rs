@@ -76,6 +76,20 @@ impl std::fmt::Debug for Pool {
 /// Why no connection could be had.
 pub type PoolError = deadpool_postgres::PoolError;
 
+/// A pool's connections at one moment ([`Pool::status`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolStatus {
+    /// The most it may hold (`DATABASE_POOL_SIZE`).
+    pub max: usize,
+    /// Connections open, idle or checked out.
+    pub open: usize,
+    /// Open connections in the pool, free to check out.
+    pub idle: usize,
+    /// Callers waiting for a connection: every one is checked out and no
+    /// other may be opened.
+    pub waiting: usize,
+}
+
 impl Pool {
     fn new(inner: deadpool_postgres::Pool, mode: PoolMode) -> Self {
         Self { inner, mode }
@@ -105,6 +119,18 @@ impl Pool {
     pub fn busy(&self) -> usize {
         let status = self.inner.status();
         status.size.saturating_sub(status.available)
+    }
+
+    /// The pool's connections at this moment, for the metrics
+    /// (`process::metrics`): read when scraped, never stored.
+    pub fn status(&self) -> PoolStatus {
+        let status = self.inner.status();
+        PoolStatus {
+            max: status.max_size,
+            open: status.size,
+            idle: status.available,
+            waiting: status.waiting,
+        }
     }
 
     /// Opens every connection the pool may hold and, in session mode,

@@ -167,12 +167,16 @@ pub fn prepare(row: &ClaimedRow, endpoints: &Endpoints) -> Result<Prepared, Call
 }
 
 /// Sends it, in an HTTP client span (semantic conventions) whose context the
-/// request carries as `traceparent`. `parent` is the row's stored context,
-/// used only when no tracing layer is installed.
+/// request carries as `traceparent`. `attempt` is the row's attempt number:
+/// every attempt sends the same request (the same key and body), so from the
+/// second on the span counts it as a resend (`http.request.resend_count`).
+/// `parent` is the row's stored context, used only when no tracing layer is
+/// installed.
 pub async fn call(
     http: &reqwest::Client,
     prepared: &Prepared,
     key: &str,
+    attempt: i32,
     parent: Option<&str>,
 ) -> CallResult {
     let url = &prepared.url;
@@ -181,9 +185,10 @@ pub async fn call(
         otel.kind = "client",
         otel.status_code = Empty,
         http.request.method = "POST",
+        http.request.resend_count = resend_count(attempt),
         url.full = %redacted(url),
         server.address = url.host_str().unwrap_or_default(),
-        server.port = url.port_or_known_default().unwrap_or_default(),
+        server.port = url.port_or_known_default().map(i64::from),
         http.response.status_code = Empty,
         error.type = Empty,
     );
@@ -204,7 +209,7 @@ pub async fn call(
     match result {
         Ok(response) => {
             let status = response.status();
-            span.record("http.response.status_code", status.as_u16());
+            span.record("http.response.status_code", i64::from(status.as_u16()));
             if !status.is_success() {
                 span.record("otel.status_code", "ERROR");
                 span.record("error.type", status.as_u16().to_string());
@@ -228,6 +233,12 @@ pub async fn call(
             CallResult::transient(describe_transport_error(&e))
         }
     }
+}
+
+/// `http.request.resend_count` for a row's `attempt`: none on the first
+/// (the conventions count resends only), then the attempts before it.
+fn resend_count(attempt: i32) -> Option<i64> {
+    (attempt > 1).then(|| i64::from(attempt) - 1)
 }
 
 /// The URL as a span may show it: a username or password in it becomes
@@ -366,6 +377,13 @@ mod tests {
         for s in [400, 401, 403, 404, 405, 410, 413, 422, 451] {
             assert!(!is_retryable_status(StatusCode::from_u16(s).unwrap()), "{s}");
         }
+    }
+
+    #[test]
+    fn the_second_attempt_is_the_first_resend() {
+        assert_eq!(resend_count(1), None);
+        assert_eq!(resend_count(2), Some(1));
+        assert_eq!(resend_count(7), Some(6));
     }
 
     #[test]

@@ -53,7 +53,18 @@ impl Application {
         });
         let mut registry = Registry::default();
         let metrics = RelayMetrics::register(&mut registry);
-        let relay = Arc::new(Relay::new(pool.clone(), config.clone(), metrics.clone())?);
+        process::metrics::register(
+            &mut registry,
+            "outbox_relay_build_info",
+            env!("CARGO_PKG_VERSION"),
+            &pool,
+        );
+        let relay = Arc::new(Relay::new(
+            pool.clone(),
+            database.span_server(),
+            config.clone(),
+            metrics.clone(),
+        )?);
         let admin = AdminServer::bind(
             admin_addr,
             readiness(pool.clone(), relay.health.clone(), &config),

@@ -18,6 +18,8 @@
 //! - [`traces`]: OpenTelemetry spans, exported over OTLP when configured; W3C
 //!   trace context helpers.
 //! - [`admin`]: the admin listener: `/healthz`, `/readyz`, `/metrics`.
+//! - [`metrics`]: what every service exports besides its own metrics: its
+//!   build, the process (`process_*`) and its connection pool (`db_pool_*`).
 #![forbid(unsafe_code)]
 
 pub mod admin;
@@ -25,6 +27,7 @@ pub mod args;
 pub mod config;
 pub mod exit;
 pub mod logs;
+pub mod metrics;
 pub mod run;
 pub mod runtime;
 pub mod secret;

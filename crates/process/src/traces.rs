@@ -7,7 +7,8 @@
 //! `OTEL_TRACES_SAMPLER[_ARG]`, `OTEL_BSP_*`, `OTEL_EXPORTER_OTLP_HEADERS`...).
 //! Without an endpoint nothing is exported: the provider has no processor, so
 //! spans are created non-recording (their ids still flow into logs and into
-//! `traceparent` headers) and cost little.
+//! `traceparent` headers) and cost little. The resource says which service
+//! and which build: `service.name` and `service.version`.
 //!
 //! The W3C trace context crosses the database: the ingest stores its server
 //! span's `traceparent` on every outbox row, and each relay attempt continues
@@ -17,10 +18,12 @@
 
 use std::collections::HashMap;
 
+use opentelemetry::KeyValue;
 use opentelemetry::propagation::TextMapPropagator as _;
 use opentelemetry::trace::{TraceContextExt as _, TracerProvider as _};
 use opentelemetry_otlp::WithExportConfig as _;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::resource;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use rand::Rng as _;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
@@ -29,6 +32,11 @@ use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 
 use crate::logs::{self, LogFormat};
+
+/// The `service.version` resource attribute of both services: the
+/// workspace's version, which every crate of it (the binaries included)
+/// shares. `OTEL_RESOURCE_ATTRIBUTES` may override it.
+pub const SERVICE_VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// Owns the tracer provider; [`Telemetry::shutdown`] flushes what is queued.
 pub struct Telemetry {
@@ -58,7 +66,8 @@ fn env_set(name: &str) -> bool {
     std::env::var(name).is_ok_and(|v| !v.trim().is_empty())
 }
 
-/// Installs logs and traces for `service` (its default `service.name`).
+/// Installs logs and traces for `service` (its default `service.name`;
+/// `service.version` is [`SERVICE_VERSION`]).
 /// Errors are configuration errors, naming the variable.
 pub fn init(service: &'static str, format: LogFormat) -> Result<Telemetry, String> {
     let exporting = env_set("OTEL_EXPORTER_OTLP_ENDPOINT") || env_set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT");
@@ -76,14 +85,18 @@ pub fn init(service: &'static str, format: LogFormat) -> Result<Telemetry, Strin
         }
     }
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let resource = if env_set("OTEL_SERVICE_NAME") {
-        opentelemetry_sdk::Resource::builder().build()
-    } else {
-        opentelemetry_sdk::Resource::builder()
-            .with_service_name(service)
-            .build()
-    };
-    let mut builder = SdkTracerProvider::builder().with_resource(resource);
+    let mut resource = resource::Resource::builder_empty()
+        // Before the detectors: `OTEL_RESOURCE_ATTRIBUTES` may override it.
+        .with_attribute(KeyValue::new("service.version", SERVICE_VERSION))
+        .with_detectors(&[
+            Box::new(resource::SdkProvidedResourceDetector),
+            Box::new(resource::TelemetryResourceDetector),
+            Box::new(resource::EnvResourceDetector::new()),
+        ]);
+    if !env_set("OTEL_SERVICE_NAME") {
+        resource = resource.with_service_name(service);
+    }
+    let mut builder = SdkTracerProvider::builder().with_resource(resource.build());
     if exporting {
         let exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()

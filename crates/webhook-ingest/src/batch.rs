@@ -86,6 +86,8 @@ pub enum Answer {
 pub struct Batcher {
     queue: Mutex<Queue>,
     pool: db::Pool,
+    /// Where the pool's statements go, as their client spans say it.
+    span_server: db::span::Server,
     canceller: db::connect::Canceller,
     notifier: Arc<Notifier>,
     metrics: IngestMetrics,
@@ -164,6 +166,7 @@ const ANSWER_SLACK: Duration = Duration::from_millis(50);
 impl Batcher {
     pub fn new(
         pool: db::Pool,
+        span_server: db::span::Server,
         canceller: db::connect::Canceller,
         notifier: Arc<Notifier>,
         metrics: IngestMetrics,
@@ -172,6 +175,7 @@ impl Batcher {
         Self {
             queue: Mutex::default(),
             pool,
+            span_server,
             canceller,
             notifier,
             metrics,
@@ -295,14 +299,12 @@ impl Batcher {
     /// Runs one batch on `client` and answers each of its deliveries.
     async fn run(&self, client: db::Client, mut jobs: Vec<Job>, deadline: Instant) {
         let size = jobs.len();
+        // A batch of one runs `record_event.sql`, as a lone payment does.
         let spans: Vec<tracing::Span> = jobs
             .iter()
-            .map(|job| {
-                let span = http::record_span(&job.span);
-                if size > 1 {
-                    span.record("db.operation.batch.size", size);
-                }
-                span
+            .map(|job| match size {
+                1 => storage::record_span(&job.span, &self.span_server, &job.event),
+                _ => storage::record_batch_span(&job.span, &self.span_server, size),
             })
             .collect();
         if size == 1 {
@@ -351,7 +353,7 @@ impl Batcher {
             Ok((client, Err(e))) => {
                 drop(client);
                 for span in &spans {
-                    span.record("otel.status_code", "ERROR");
+                    db::span::failed(span, &e);
                 }
                 tracing::info!(
                     parent: &spans[0],
@@ -364,7 +366,7 @@ impl Batcher {
             }
             Err(_) => {
                 for span in &spans {
-                    span.record("otel.status_code", "ERROR");
+                    db::span::timed_out(span);
                 }
                 let what = format!("{} and {} more", jobs[0].event.id, size - 1);
                 self.abandon(recording, session, &what)

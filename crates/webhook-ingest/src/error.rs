@@ -59,7 +59,10 @@ impl IngestError {
             Self::TooLarge => "too_large",
             Self::Signature(_) => "invalid_signature",
             Self::Malformed(_) | Self::BodyRead(_) => "malformed",
-            Self::Unavailable(_) | Self::Deadline | Self::SlowBody | Self::Overloaded => "unavailable",
+            Self::Unavailable(_) | Self::Deadline | Self::SlowBody => "unavailable",
+            // Its own label: a capacity problem (scale out, or raise
+            // INGEST_MAX_IN_FLIGHT), where `unavailable` is the database's.
+            Self::Overloaded => "shed",
             Self::Unexpected(_) => "internal_error",
         }
     }
@@ -101,7 +104,8 @@ mod tests {
             (IngestError::BodyRead("reset".into()), 400, "malformed"),
             (IngestError::Unavailable("down".into()), 503, "unavailable"),
             (IngestError::Deadline, 503, "unavailable"),
-            (IngestError::Overloaded, 503, "unavailable"),
+            (IngestError::SlowBody, 503, "unavailable"),
+            (IngestError::Overloaded, 503, "shed"),
             (anyhow::anyhow!("bug").into(), 500, "internal_error"),
         ];
         for (err, status, label) in cases {

@@ -30,6 +30,8 @@ pub const REPLAYED_HEADER: &str = "Idempotent-Replayed";
 
 pub struct AppState {
     pub pool: db::Pool,
+    /// Where the pool's statements go, as their client spans say it.
+    pub span_server: db::span::Server,
     /// Cancels a statement the deadline abandons, on the server.
     pub canceller: db::connect::Canceller,
     pub verifier: signature::Verifier,
@@ -56,7 +58,11 @@ pub async fn receive(req: HttpRequest, body: web::Payload, state: web::Data<AppS
     // HTTP server span (OpenTelemetry semantic conventions). It is not
     // started (entered, or given children) until the delivery is verified:
     // only then may it continue the provider's trace (see [`process`]);
-    // every other request is a root of its own trace.
+    // every other request is a root of its own trace. Of the request's
+    // headers it records the user agent alone: never a signature, an
+    // authorization or the body. `client.address` is the connection's peer
+    // (a proxy's address behind one: a forwarded-for header is anyone's to
+    // write, and no proxy is configured as trusted).
     let span = tracing::info_span!(
         "POST /webhooks/payments",
         otel.kind = "server",
@@ -65,6 +71,11 @@ pub async fn receive(req: HttpRequest, body: web::Payload, state: web::Data<AppS
         http.route = crate::startup::WEBHOOK_PATH,
         url.path = crate::startup::WEBHOOK_PATH,
         url.scheme = "http",
+        client.address = req.peer_addr().map(|peer| tracing::field::display(peer.ip())),
+        user_agent.original = req
+            .headers()
+            .get(actix_web::http::header::USER_AGENT)
+            .and_then(|v| v.to_str().ok()),
         http.response.status_code = Empty,
         error.type = Empty,
         webhook.event_id = Empty,
@@ -98,7 +109,7 @@ pub async fn receive(req: HttpRequest, body: web::Payload, state: web::Data<AppS
         };
         let span = tracing::Span::current();
         let status = response.status().as_u16();
-        span.record("http.response.status_code", status);
+        span.record("http.response.status_code", i64::from(status));
         span.record("webhook.outcome", outcome);
         if status >= 500 {
             span.record("otel.status_code", "ERROR");
@@ -303,7 +314,7 @@ async fn try_record(
         .await
         .map_err(|_| IngestError::Deadline)?
         .map_err(|e| IngestError::Unavailable(process::logs::error_chain(&e)))?;
-    let span = record_span(&tracing::Span::current());
+    let span = storage::record_span(&tracing::Span::current(), &state.span_server, event);
     record_alone(
         client,
         event,
@@ -318,22 +329,8 @@ async fn try_record(
     .await
 }
 
-/// Database client span (semantic conventions) of a record statement, as
-/// far as the delivery waits for it, under the delivery's span `parent`.
-pub(crate) fn record_span(parent: &tracing::Span) -> tracing::Span {
-    tracing::info_span!(
-        parent: parent,
-        "record_event",
-        otel.kind = "client",
-        otel.status_code = Empty,
-        db.system.name = "postgresql",
-        db.operation.name = "record_event",
-        db.query.summary = "record_event processed_events orders outbox",
-        db.operation.batch.size = Empty,
-    )
-}
-
-/// One delivery's record statement on `client`, in `span`, under the
+/// One delivery's record statement on `client`, in `span` (its client span,
+/// [`storage::record_span`], as far as the delivery waits for it), under the
 /// deadline: `Err` when the deadline passed (the statement is abandoned and
 /// cancelled, see [`abandon`]), else the statement's own answer, its
 /// connection back in the pool.
@@ -364,14 +361,14 @@ pub(crate) async fn record_alone(
         .instrument(span.clone())
         .await
     else {
-        span.record("otel.status_code", "ERROR");
+        db::span::timed_out(span);
         abandon(recording, session, canceller, notifier, wait, &event.id).await;
         return Err(IngestError::Deadline);
     };
     // Its statement has answered: the connection goes back to the pool clean.
     drop(client);
-    if result.is_err() {
-        span.record("otel.status_code", "ERROR");
+    if let Err(e) = &result {
+        db::span::failed(span, e);
     }
     Ok(result)
 }

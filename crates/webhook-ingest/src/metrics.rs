@@ -9,7 +9,7 @@ use prometheus_client::registry::Registry;
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabel {
     /// The response `status`, or duplicate, invalid_signature, malformed,
-    /// too_large, unavailable, internal_error.
+    /// too_large, unavailable, shed, internal_error.
     pub outcome: &'static str,
 }
 

@@ -60,9 +60,17 @@ impl Application {
 
         let mut registry = Registry::default();
         let metrics = IngestMetrics::register(&mut registry);
+        process::metrics::register(
+            &mut registry,
+            "webhook_ingest_build_info",
+            env!("CARGO_PKG_VERSION"),
+            &pool,
+        );
         let notifier = Arc::new(Notifier::default());
+        let span_server = database.span_server();
         let batcher = Arc::new(crate::batch::Batcher::new(
             pool.clone(),
+            span_server.clone(),
             database.canceller(),
             notifier.clone(),
             metrics.clone(),
@@ -71,6 +79,7 @@ impl Application {
         let state = web::Data::new(AppState {
             batcher,
             pool: pool.clone(),
+            span_server,
             canceller: database.canceller(),
             verifier,
             deadline,

@@ -31,6 +31,11 @@
 //!   lease check, the call and its log line, a panic contained.
 //! - `run`: the endless loop ([`Relay::run`]): the claimer and the row tasks.
 //! - `record`: the recorder: verdicts recorded in batches, and their metrics.
+//!
+//! Each statement the loop runs has a client span (`db::span`): the claim and
+//! the recording of verdicts are roots of their own traces (their rows
+//! belong to many events), the recheck of a waiting shipment is in its
+//! event's trace.
 
 mod record;
 mod row;
@@ -42,6 +47,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use db::span::Summary;
 use tokio::sync::{Notify, Semaphore};
 
 use crate::config::RelayConfig;
@@ -51,6 +57,13 @@ use crate::policy::RetryPolicy;
 use crate::storage::{self, ClaimedRow};
 
 use row::{RECHECK_AFTER, Settled};
+
+/// What the claim (`claim.sql`) does, as its client span names it.
+const CLAIM_SUMMARY: Summary = Summary::on("SELECT public.outbox UPDATE public.outbox", "public.outbox");
+/// What the recheck of a waiting shipment (`still_pending.sql`) does.
+const STILL_PENDING_SUMMARY: Summary = Summary::single("SELECT public.outbox", "SELECT", "public.outbox");
+/// What the recording of verdicts (`complete.sql`) does.
+const RECORD_SUMMARY: Summary = Summary::single("UPDATE public.outbox", "UPDATE", "public.outbox");
 
 /// What one pass ([`Relay::relay_once`]) did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,6 +85,8 @@ pub struct LoopHealth {
 
 pub struct Relay {
     pool: db::Pool,
+    /// Where the pool's statements go, as their client spans say it.
+    span_server: db::span::Server,
     http: reqwest::Client,
     endpoints: Endpoints,
     policy: RetryPolicy,
@@ -83,7 +98,14 @@ pub struct Relay {
 }
 
 impl Relay {
-    pub fn new(pool: db::Pool, config: RelayConfig, metrics: RelayMetrics) -> anyhow::Result<Self> {
+    /// A relay running its statements on `pool`, whose connections go where
+    /// `span_server` says ([`db::Database::span_server`]).
+    pub fn new(
+        pool: db::Pool,
+        span_server: db::span::Server,
+        config: RelayConfig,
+        metrics: RelayMetrics,
+    ) -> anyhow::Result<Self> {
         let _ = rustls::crypto::ring::default_provider().install_default();
         // One client per process: connection pooling and keep-alive to each
         // downstream host. The timeout bounds the whole call, connect included.
@@ -99,6 +121,7 @@ impl Relay {
             .build()?;
         Ok(Self {
             pool,
+            span_server,
             http,
             endpoints: Endpoints::new(&config.fulfilment, &config.email).map_err(anyhow::Error::msg)?,
             policy: RetryPolicy {
@@ -134,7 +157,7 @@ impl Relay {
         W: Fn(ClaimedRow) -> F,
         F: Future<Output = Settled>,
     {
-        let rows = self.claim(self.config.batch_size as i64, None).await?;
+        let rows = self.claim(self.config.batch_size as i64, None, true).await?;
         if rows.is_empty() {
             return Ok(Pass::Empty);
         }
@@ -158,9 +181,15 @@ impl Relay {
     }
 
     /// Claims up to `limit` rows due at `from` (Unix seconds) or later, or
-    /// any due row for `None`.
-    async fn claim(&self, limit: i64, from: Option<f64>) -> anyhow::Result<Vec<ClaimedRow>> {
+    /// any due row for `None`; in a client span when `traced` (not at an idle
+    /// relay's poll ticks).
+    async fn claim(&self, limit: i64, from: Option<f64>, traced: bool) -> anyhow::Result<Vec<ClaimedRow>> {
         let client = self.pool.get().await?;
+        let span = if traced {
+            db::client_span!(parent: None, &self.span_server, CLAIM_SUMMARY)
+        } else {
+            tracing::Span::none()
+        };
         let rows = storage::claim_due_batch(
             &client,
             limit,
@@ -169,7 +198,13 @@ impl Relay {
             self.config.max_attempts,
             from,
         )
-        .await?;
+        .await;
+        match &rows {
+            Ok(rows) => db::span::returned(&span, rows.len()),
+            Err(e) => db::span::failed(&span, e),
+        }
+        drop(span);
+        let rows = rows?;
         self.health.last_claim_ms.store(now_ms(), Ordering::Relaxed);
         Ok(rows)
     }
@@ -179,4 +214,20 @@ fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
+}
+
+#[cfg(test)]
+mod summary_tests {
+    use super::*;
+
+    #[test]
+    fn each_statement_has_a_span_summary_of_what_it_does() {
+        for (summary, sql) in [
+            (CLAIM_SUMMARY, &storage::claim::CLAIM),
+            (STILL_PENDING_SUMMARY, &storage::claim::STILL_PENDING),
+            (RECORD_SUMMARY, &storage::complete::COMPLETE),
+        ] {
+            assert_eq!(summary.describes(sql), Ok(()));
+        }
+    }
 }

@@ -18,9 +18,20 @@ use crate::storage::{self, RowVerdict, Verdict};
 impl Relay {
     /// Records verdicts (fenced on our lease) and the metrics of those recorded.
     pub(super) async fn record(&self, settled: &[Settled]) -> anyhow::Result<()> {
+        if settled.is_empty() {
+            // No statement, so no span saying one ran.
+            return Ok(());
+        }
         let verdicts: Vec<RowVerdict> = settled.iter().map(|s| s.row.clone()).collect();
         let client = self.pool.get().await?;
-        let recorded = storage::record_verdicts(&client, &self.config.owner, &verdicts).await?;
+        let span = db::client_span!(parent: None, &self.span_server, super::RECORD_SUMMARY);
+        let recorded = storage::record_verdicts(&client, &self.config.owner, &verdicts).await;
+        match &recorded {
+            Ok(recorded) => db::span::returned(&span, recorded.len()),
+            Err(e) => db::span::failed(&span, e),
+        }
+        drop(span);
+        let recorded = recorded?;
         // Only what was recorded counts: a stale claim's verdict (the row
         // was claimed again meanwhile) is dropped, and not counted either.
         let recorded_ids: HashSet<i64> = recorded.iter().map(|r| r.id).collect();

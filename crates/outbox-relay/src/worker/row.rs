@@ -61,7 +61,18 @@ impl Relay {
             return false;
         }
         let still_pending = match self.pool.get().await {
-            Ok(client) => storage::still_pending(&client, row, &self.config.owner).await,
+            Ok(client) => {
+                // In the event's trace, beside the attempt it may prevent.
+                let span = db::client_span!(parent: None, &self.span_server, super::STILL_PENDING_SUMMARY);
+                let _ = span.set_parent(process::traces::context_from_traceparent(
+                    row.trace_context.as_deref(),
+                ));
+                let answer = storage::still_pending(&client, row, &self.config.owner).await;
+                if let Err(e) = &answer {
+                    db::span::failed(&span, e);
+                }
+                answer
+            }
             Err(e) => {
                 tracing::warn!(outbox_id = row.id, error = %e, "cannot check a waiting shipment; released");
                 return true;
@@ -183,6 +194,7 @@ impl Relay {
                     &self.http,
                     &prepared,
                     &row.idempotency_key,
+                    row.attempt,
                     row.trace_context.as_deref(),
                 )
                 .await

@@ -95,6 +95,11 @@ impl Relay {
         let recorder = tokio::spawn(self.clone().recorder(settled_rx, held.clone()));
         let mut claim_failures = 0u32;
         let mut floor = ClaimFloor::new(self.config.poll_interval);
+        // The claim after an empty claim and a quiet poll interval (no
+        // NOTIFY) has no span: an idle relay would otherwise send a trace
+        // per poll. A claim that finds rows at such a tick is counted in
+        // the metrics and its rows are in their events' traces.
+        let mut idle_tick = false;
 
         while !shutdown.is_cancelled() {
             let room = max_held.saturating_sub(held.load(Ordering::Acquire));
@@ -107,7 +112,7 @@ impl Relay {
             }
             let want = room.min(self.config.batch_size as usize);
             let claimed_at = Instant::now();
-            let rows = match self.claim(want as i64, floor.next(claimed_at)).await {
+            let rows = match self.claim(want as i64, floor.next(claimed_at), !idle_tick).await {
                 Ok(rows) => {
                     claim_failures = 0;
                     floor.taken(rows.iter().map(|r| r.due_at));
@@ -158,13 +163,16 @@ impl Relay {
                     let _ = settled_tx.send(settled);
                 });
             }
+            if got == want {
+                idle_tick = false;
+            }
             if got < want {
                 // Drained: sleep until a NOTIFY, the poll tick, or shutdown.
-                tokio::select! {
-                    _ = self.wake.notified() => {}
-                    _ = tokio::time::sleep(self.config.poll_interval) => {}
+                idle_tick = tokio::select! {
+                    _ = self.wake.notified() => false,
+                    _ = tokio::time::sleep(self.config.poll_interval) => got == 0,
                     _ = shutdown.cancelled() => break,
-                }
+                };
                 // Under a steady stream of commits, each NOTIFY would start a
                 // claim for the row or two committed since the last one: the
                 // claims (and their completions) are spaced instead, so each

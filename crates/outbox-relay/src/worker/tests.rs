@@ -61,7 +61,8 @@ async fn env(rows: i64, flags: &[&str]) -> Env {
         pool_wait: Duration::from_secs(5),
     });
     let metrics = RelayMetrics::register(&mut prometheus_client::registry::Registry::default());
-    let relay = Relay::new(pool, settings.relay().unwrap(), metrics).unwrap();
+    let span_server = settings.database().unwrap().span_server();
+    let relay = Relay::new(pool, span_server, settings.relay().unwrap(), metrics).unwrap();
     Env {
         _db: db,
         client,

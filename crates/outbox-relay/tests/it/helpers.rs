@@ -86,6 +86,7 @@ impl Env {
         let mut registry = prometheus_client::registry::Registry::default();
         Relay::new(
             pool,
+            database.span_server(),
             settings.relay().unwrap(),
             RelayMetrics::register(&mut registry),
         )

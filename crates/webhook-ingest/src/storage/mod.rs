@@ -40,7 +40,9 @@ use db::{Column, Executor, Sql, col};
 use domain::EventOutcome;
 use tokio_postgres::types::{FromSql, Type};
 
-pub use record::{Delivery, Pending, Recorded, batchable, record_event, record_events};
+pub use record::{
+    Delivery, Pending, Recorded, batchable, record_batch_span, record_event, record_events, record_span,
+};
 pub use story::{CommandRow, EventDetail, Replayed, order_commands, replay_event, show_event};
 
 /// Every statement the ingest runs, for the test that prepares each against

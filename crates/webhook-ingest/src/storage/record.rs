@@ -1,6 +1,7 @@
 //! Recording one delivery: the claim-and-apply statement an event's kind
 //! needs (see [`Shape`]), one round trip, and its answer decoded.
 
+use db::span::Summary;
 use db::{Sql, col};
 use domain::{CommandKind, EventOutcome, PAYLOAD_VERSION, ProviderEvent};
 use tokio_postgres::Row;
@@ -85,6 +86,51 @@ pub(super) const RECORD_EVENTS_BATCH: Sql = Sql::new(
     ],
 )
 .returning(RECORDED_IN_BATCH);
+
+/// What each record statement does, as its client span names it (see
+/// `db::span`): every operation on a table, in the order its text names them.
+const RECORD_EVENT_SUMMARY: Summary = Summary::of(
+    "UPDATE public.processed_events SELECT public.orders INSERT public.processed_events \
+     UPDATE public.orders INSERT public.outbox",
+);
+const RECORD_EVENT_STOPPING_SHIPMENT_SUMMARY: Summary = Summary::of(
+    "UPDATE public.processed_events SELECT public.orders INSERT public.processed_events \
+     UPDATE public.orders INSERT public.outbox INSERT public.outbox",
+);
+const RECORD_CLAIM_ONLY_SUMMARY: Summary = Summary::single(
+    "INSERT public.processed_events",
+    "INSERT",
+    "public.processed_events",
+);
+const RECORD_EVENTS_BATCH_SUMMARY: Summary = Summary::of(
+    "UPDATE public.processed_events SELECT public.orders SELECT public.orders \
+     INSERT public.processed_events UPDATE public.orders INSERT public.outbox",
+);
+
+/// The client span of the statement [`record_event`] runs for `event`, to
+/// `server`, under the delivery's span `parent`.
+pub fn record_span(
+    parent: &tracing::Span,
+    server: &db::span::Server,
+    event: &ProviderEvent,
+) -> tracing::Span {
+    match Plan::of_kind(event.kind).shape {
+        Shape::ClaimOnly(_) => db::client_span!(parent: parent, server, RECORD_CLAIM_ONLY_SUMMARY),
+        Shape::Apply => db::client_span!(parent: parent, server, RECORD_EVENT_SUMMARY),
+        Shape::ApplyStoppingShipment => {
+            db::client_span!(parent: parent, server, RECORD_EVENT_STOPPING_SHIPMENT_SUMMARY)
+        }
+    }
+}
+
+/// The client span of [`record_events`] for one delivery of a batch of
+/// `size`, to `server`, under the delivery's span `parent`: each delivery's
+/// trace shows the statement that recorded it.
+pub fn record_batch_span(parent: &tracing::Span, server: &db::span::Server, size: usize) -> tracing::Span {
+    let span = db::client_span!(parent: parent, server, RECORD_EVENTS_BATCH_SUMMARY);
+    span.record("db.operation.batch.size", i64::try_from(size).unwrap_or(i64::MAX));
+    span
+}
 
 /// The shipment a refund stops.
 const SHIPMENT: CommandKind = CommandKind::ShipOrder;
@@ -262,6 +308,21 @@ pub async fn record_events(
 mod tests {
     use super::*;
     use crate::storage::plan::NO_ORDER;
+
+    #[test]
+    fn each_statement_has_a_span_summary_of_what_it_does() {
+        for (summary, sql) in [
+            (RECORD_EVENT_SUMMARY, &RECORD_EVENT),
+            (
+                RECORD_EVENT_STOPPING_SHIPMENT_SUMMARY,
+                &RECORD_EVENT_STOPPING_SHIPMENT,
+            ),
+            (RECORD_CLAIM_ONLY_SUMMARY, &RECORD_CLAIM_ONLY),
+            (RECORD_EVENTS_BATCH_SUMMARY, &RECORD_EVENTS_BATCH),
+        ] {
+            assert_eq!(summary.describes(sql), Ok(()));
+        }
+    }
 
     #[test]
     fn only_the_refunds_statement_stops_a_shipment() {

@@ -347,7 +347,8 @@ async fn what_jsonb_cannot_hold_is_refused_and_what_it_can_is_recorded() {
         assert_eq!(status, 200, "{value:.60}: {text}");
     }
     assert_eq!(
-        app.count("SELECT count(*) FROM processed_events WHERE payload ? 'z'").await,
+        app.count("SELECT count(*) FROM processed_events WHERE payload ? 'z'")
+            .await,
         held.len() as i64
     );
 }

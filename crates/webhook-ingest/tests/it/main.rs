@@ -11,6 +11,7 @@ mod dedup;
 mod helpers;
 mod hostile;
 mod locked;
+mod metrics;
 mod openapi;
 mod outage;
 mod outcomes;
