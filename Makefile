@@ -1,52 +1,70 @@
-# The commands a newcomer needs: `make run`, `make test`. CI (.ci/run) runs `make lint`, then `make test`,
-# with the toolchain rust-toolchain.toml pins.
+# The commands a newcomer needs: `make run`, `make test`; `make help` lists
+# every target. CI (.ci/run) runs `make lint`, then `make test`, with the
+# toolchain rust-toolchain.toml pins.
+# Each target's `## ` comment is its documentation; its first line is what
+# `make help` prints, so it says what the target does on its own.
 # Without DATABASE_URL, every target that needs Postgres starts (and the first
 # time creates) a throwaway local cluster: see scripts/pg-cluster.sh.
 
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: all build release test lint fmt run bench soak deploy-check db-start db-stop db-url
+.PHONY: all help build release test lint fmt run bench soak deploy-check db-start db-stop db-url
 
+## The default: the debug binaries (same as `make build`).
 all: build
 
+## Every target with the first line of its comment.
+help:
+	@printf 'make <target> (default: build)\n\n'
+	@awk '/^## / { if (doc == "") doc = substr($$0, 4); next } \
+	  /^[a-z][a-z0-9-]*:/ { t = $$0; sub(/:.*/, "", t); printf "  %-13s %s\n", t, doc } \
+	  { doc = "" }' $(firstword $(MAKEFILE_LIST))
+
+## The debug binaries of every crate (target/debug).
 build:
 	$(CARGO) build --workspace --bins
 
+## The release binaries (target/release), which run, bench and soak measure.
 release:
 	$(CARGO) build --release --workspace --bins
 
-## Every test, against a real Postgres (DATABASE_URL, or the throwaway cluster),
-## then the offline check of the Kubernetes manifests against the binaries.
+## Every test against a real Postgres, then the Kubernetes manifests' check.
+## Postgres: DATABASE_URL, or the throwaway cluster; the manifests are
+## checked offline against the binaries.
 test: build
 	scripts/with-db.sh scripts/test.sh
 	scripts/deploy-check.sh
 
-## Kubernetes manifests: schemas (offline) and their agreement with the binaries.
+## The Kubernetes manifests: schemas (offline) and their agreement with the binaries.
 deploy-check: build
 	scripts/deploy-check.sh
 
-## fmt, clippy (the lints of Cargo.toml's [workspace.lints]; warnings are
-## errors), then unused dependencies and unreachable files (cargo-shear,
-## installed on first use: see scripts/lint-deps.sh). What CI runs first.
+## What CI runs first: fmt, clippy with warnings as errors, unused dependencies.
+## Clippy with the lints of Cargo.toml's [workspace.lints]; then unused
+## dependencies and unreachable files (cargo-shear, installed on first use:
+## see scripts/lint-deps.sh).
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	scripts/lint-deps.sh
 
+## Format every crate (rustfmt).
 fmt:
 	$(CARGO) fmt --all
 
-## The incident replayed end to end: Postgres (throwaway unless DATABASE_URL),
-## ingest, relay, simulated provider and downstream APIs, then the audit.
+## The incident replayed end to end, then the audit of its effects.
+## Postgres (throwaway unless DATABASE_URL), ingest, relay, simulated provider
+## and downstream APIs.
 ## RUN_EVENTS, RUN_DUPLICATE_RATE, RUN_CARRIER_LATENCY_MS: see scripts/run.sh.
 run: release
 	scripts/run.sh
 
-## The chaos test and the per-order history checker at scale, for people
-## (not CI): 200,000 events over about ten minutes through kills and
-## restarts, then 20,000 orders' histories through relay and ingest kills and
-## a Postgres restart; prints the tallies and the checker's report
+## The chaos test and the per-order history checker at scale, for people (not CI).
+## 200,000 events over about ten minutes through kills and restarts, then
+## 20,000 orders' histories through relay and ingest kills and a Postgres
+## restart. Both print a progress line every 5 s (events sent, acknowledged,
+## effects, rate, phase), then the tallies and the checker's report
 ## (target/chaos/tally.txt, target/history/report.txt).
 soak: release
 	cargo build --release -p e2e --tests
@@ -55,9 +73,11 @@ soak: release
 	HISTORY_ORDERS=$${HISTORY_ORDERS:-20000} HISTORY_CHAOS=1 scripts/with-db.sh \
 	  cargo test --release -p e2e --test e2e history -- --nocapture
 
+## Start the throwaway Postgres cluster (created on first use).
 db-start:
 	@scripts/pg-cluster.sh start
 
+## Print the throwaway cluster's admin URL (password included).
 db-url:
 	@scripts/pg-cluster.sh url
 
@@ -65,7 +85,8 @@ db-url:
 db-stop:
 	@scripts/pg-cluster.sh stop
 
-## The benchmark (docs/BENCHMARK.md): a table, target/bench/report.json and report.md.
-## BENCH_QUICK=1 for a short run (under 2 minutes); see scripts/bench/__init__.py.
+## The benchmark (docs/BENCHMARK.md): report.{json,md} and plots in target/bench.
+## Prints each phase as it starts ([3/12] relay ...) and its time. BENCH_QUICK=1
+## for a short run (under 3 minutes); see scripts/bench/__init__.py.
 bench: release
 	scripts/with-db.sh env PYTHONPATH=scripts python3 -m bench

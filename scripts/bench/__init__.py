@@ -4,7 +4,8 @@ Postgres server (DATABASE_URL, an admin URL allowed to CREATE DATABASE).
     make bench                  # full: about 9 minutes
     BENCH_QUICK=1 make bench    # quick: under 3 minutes, smaller sizes, same keys
 
-What it does, in order (each phase's wall time is in the report):
+What it does, in order (each phase is announced as it starts, `[4/12] relay
+...`, and ends with its wall time, which the report keeps):
 
  1. setup     databases bench_product (migrated, 1M orders, some history),
               bench_ref (bench/schema.sql), bench_peer (empty); the
@@ -36,13 +37,18 @@ What it does, in order (each phase's wall time is in the report):
  9. growth    64 senders and the relay's claim with 1M / 10M processed events
               and 1M done outbox rows (quick: 100k / 500k and 100k); a history
               the time budget cannot generate is cut, and the report says so.
+ 10. backlog  the relay's backlog gauge statement with 3M pending rows
+              (quick: 300k): its median time.
 
 While working on one phase: BENCH_PHASES=prune (a comma-separated list; setup
 always runs) and BENCH_PEAK_RPS=<req/s> in place of the ingest phase's peak.
 Such a run's report is partial and says which phases ran.
 
-Writes target/bench/report.json, target/bench/report.md, logs under
-target/bench/logs/. Standard library only. Every process it starts is stopped
+Writes target/bench/report.json, target/bench/report.md, the plots it links
+(PNG, beside it), logs under target/bench/logs/. Standard library only, but
+for the plots: matplotlib, pinned in scripts/bench-requirements.txt and
+installed into target/bench-venv on first use (a failure there costs the
+plots, not the report; see plots.py). Every process it starts is stopped
 on exit, on Ctrl-C and on SIGTERM; every wait is bounded. Webhooks are signed
 and sent by the simulator (`simulator provider`), never here.
 
@@ -59,4 +65,5 @@ Layout:
   prepare, ingest, relay, peer, e2e, db_cpu, tracing, relay_log, prune, growth
               one module per phase (ingest also has the half-load phase)
   report      targets, tables, report.json and report.md
+  plots       the PNG plots report.md links (run in the venv)
 """

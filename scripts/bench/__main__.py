@@ -50,6 +50,8 @@ def main() -> int:
     print()
     print(tables(r, md=False))
     print(f"report: {OUT / 'report.json'} and {OUT / 'report.md'}")
+    if r.get("plots"):
+        print(f"plots: {', '.join(str(OUT / p['file']) for p in r['plots'])}")
     if r["missing_keys"]:
         print(f"missing: {', '.join(r['missing_keys'])}")
     return 130 if interrupted else (1 if bench.errors else 0)

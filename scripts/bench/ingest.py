@@ -45,7 +45,8 @@ def pgbench(db: Db, file: Path, clients: int, secs: float, tag: str) -> dict:
             if len(parts) >= 3:
                 lat.append(int(parts[2]) / 1000.0)
         f.unlink()
-    return {"tps": float(m.group(1)), "p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99),
+    return {"tps": float(m.group(1)), "p50_ms": pct(lat, 50), "p90_ms": pct(lat, 90), "p99_ms": pct(lat, 99),
+            "p999_ms": pct(lat, 99.9), "max_ms": max(lat) if lat else None,
             "failed": int(failed.group(1)) if failed else None, "machine_cores_busy": cores,
             "latency_samples": len(lat), "transactions": int(done.group(1)) if done else None}
 

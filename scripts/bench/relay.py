@@ -47,10 +47,16 @@ def drain(bench: Bench, session: Session, relays: list[Service], n: int, tag: st
     session.wait(marker, timeout=60)
     deadline = t0 + 300
     effects = 0
+    # The effects over time, for the report's plot of the drains: a sample
+    # every 50 ms at most.
+    curve = [[0.0, 0]]
     # Cheap polling: the simulator's counters (no database load) until
     # every row had its effect, then the database until none is pending.
     while time.monotonic() < deadline:
         effects = bench.services.stats()["effects"]
+        now = time.monotonic() - t0
+        if now - curve[-1][0] >= 0.05 or effects >= rows:
+            curve.append([round(now, 3), effects])
         if effects >= rows:
             break
         time.sleep(0.02)
@@ -78,7 +84,9 @@ def drain(bench: Bench, session: Session, relays: list[Service], n: int, tag: st
            # new ANALYZE re-plans the relay's prepared statements.
            "outbox_autovacuums": maint1["autovacuum_count"] - maint0["autovacuum_count"],
            "outbox_autoanalyzes": maint1["autoanalyze_count"] - maint0["autoanalyze_count"],
-           "outbox_dead_tuples_after": maint1["n_dead_tup"]}
+           "outbox_dead_tuples_after": maint1["n_dead_tup"],
+           # [seconds since the COMMIT, effects at the downstream]
+           "effects_curve": curve}
     log(f"  drain {tag}: {rows:,} rows in {secs:.2f}s = {out['rows_per_s']:,.0f} rows/s "
         f"({len(relays)} relay{'s' if len(relays) > 1 else ''}, relay cpu {relay_cpu:.1f}s, "
         f"{st['requests']:,} requests, {st['double_effects']} double effects, outbox autovacuum "

@@ -8,6 +8,7 @@ import os
 import time
 from typing import TYPE_CHECKING
 
+from . import plots
 from .common import hlabel
 from .config import CONCURRENCIES, E2E_RATE, OUT, T0
 
@@ -186,6 +187,9 @@ def tables(r: dict, md: bool) -> str:
         parts.append("**What bounds the ratios** (CPU by process, us per unit of work)" if md
                      else "WHAT BOUNDS THE RATIOS (CPU by process, us per unit of work)")
         parts.append(table(["figure", "ours", "theirs", "measured / model / ceiling"], rows))
+    if md and r.get("plots"):
+        parts.append("**Plots**")
+        parts.append("\n\n".join(f"![{p['title']}]({p['file']})" for p in r["plots"]))
     phases = ", ".join(f"{k} {v:g}s" for k, v in r.get("phase_secs", {}).items())
     parts.append(f"Phases: {phases}; total {r.get('total_secs')} s.")
     if r.get("errors"):
@@ -276,6 +280,10 @@ def write_report(bench: Bench) -> dict:
     r["details"] = bench.details
     r["generated_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "report.json").write_text(json.dumps(r, indent=2) + "\n")
+    # Drawn from report.json, then named in it and linked from report.md;
+    # not after a Ctrl-C (the first run installs matplotlib).
+    r["plots"] = [] if "interrupted" in bench.errors else plots.draw(OUT / "report.json", OUT)
     (OUT / "report.json").write_text(json.dumps(r, indent=2) + "\n")
     (OUT / "report.md").write_text(tables(r, md=True))
     return r

@@ -1,5 +1,6 @@
-"""The phases in order, each timed and its errors recorded (one failing
-phase does not stop the others), and the state they share."""
+"""The phases in order, each announced as `[3/12] half_load ...` and
+timed, its errors recorded (one failing phase does not stop the others),
+and the state they share."""
 
 from __future__ import annotations
 
@@ -9,9 +10,31 @@ import time
 import traceback
 
 from . import backlog, db_cpu, e2e, growth, ingest, peer, prepare, prune, relay, relay_log, tracing
-from .config import CONCURRENCIES, CFG, LOGS, ONLY, BenchError, log
+from .config import CONCURRENCIES, CFG, LOGS, ONLY, T0, BenchError, log
 from .db import Db, Product, Reference
 from .services import Service, Services
+
+
+# Every phase in the order it runs (docs/BENCHMARK.md, "Phases").
+PHASES = [
+    ("setup", prepare.run),
+    ("ingest", ingest.run),
+    ("half_load", ingest.run_half_load),
+    ("relay", relay.run),
+    ("peer", peer.run),
+    ("e2e", e2e.run),
+    ("db_cpu", db_cpu.run),
+    ("tracing", tracing.run),
+    ("relay_log", relay_log.run),
+    ("prune", prune.run),
+    ("growth", growth.run),
+    ("backlog", backlog.run),
+]
+
+
+def chosen(name: str) -> bool:
+    """Whether this run runs the phase: every one, or setup and BENCH_PHASES."""
+    return not ONLY or name == "setup" or name in ONLY
 
 
 class Bench:
@@ -30,29 +53,33 @@ class Bench:
         self.ingest: Service | None = None
         self.relays: list[Service] = []
         self.rss: dict = {}
+        # `[n/of]` of each phase this run runs.
+        names = [name for name, _ in PHASES if chosen(name)]
+        self.numbers = {name: f"[{i}/{len(names)}]" for i, name in enumerate(names, 1)}
 
     peer_error: str | None = None
 
     def phase(self, name: str, fn) -> None:
         """Runs `fn(self)` unless BENCH_PHASES leaves it out."""
-        if ONLY and name != "setup" and name not in ONLY:
+        if not chosen(name):
             return
         t = time.monotonic()
-        log(f"phase {name} ...")
+        number = self.numbers[name]
+        log(f"{number} {name} ...")
         try:
             fn(self)
         except BenchError as e:
             self.errors[name] = str(e)
-            log(f"phase {name} FAILED: {e}")
+            log(f"{number} {name} FAILED: {e}")
         except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError,
                 ZeroDivisionError, json.JSONDecodeError) as e:
             # A bug or a surprise: the other phases still run, the trace goes to the logs.
             with open(LOGS / "bench-errors.log", "a") as f:
                 f.write(f"--- phase {name}\n{traceback.format_exc()}\n")
             self.errors[name] = f"{type(e).__name__}: {e} (traceback in {LOGS / 'bench-errors.log'})"
-            log(f"phase {name} FAILED: {self.errors[name]}")
+            log(f"{number} {name} FAILED: {self.errors[name]}")
         self.phases[name] = round(time.monotonic() - t, 1)
-        log(f"phase {name} done in {self.phases[name]:.1f}s")
+        log(f"{number} {name} done ({self.phases[name]:.1f} s; {time.monotonic() - T0:.0f} s since the start)")
 
     def peak_rps(self) -> float:
         peaks = [self.report.get(f"ingest_rps_c{c}") or 0 for c in CONCURRENCIES]
@@ -84,21 +111,12 @@ class Bench:
         self.details["rss"] = self.rss
 
     def run(self) -> None:
-        self.phase("setup", prepare.run)
-        if "setup" in self.errors:
-            return
-        self.phase("ingest", ingest.run)
-        self.phase("half_load", ingest.run_half_load)
-        self.phase("relay", relay.run)
-        self.phase("peer", peer.run)
-        self.phase("e2e", e2e.run)
-        self.record_rss()
-        self.phase("db_cpu", db_cpu.run)
-        self.phase("tracing", tracing.run)
-        self.phase("relay_log", relay_log.run)
-        self.phase("prune", prune.run)
-        self.phase("growth", growth.run)
-        self.phase("backlog", backlog.run)
+        for name, fn in PHASES:
+            self.phase(name, fn)
+            if name == "setup" and "setup" in self.errors:
+                return
+            if name == "e2e":
+                self.record_rss()  # after the load phases, whichever ran
 
     def drop_databases(self) -> None:
         """The growth history is gigabytes: the databases go unless BENCH_KEEP=1."""

@@ -14,7 +14,10 @@
 //! The services log in as members of the least-privilege roles
 //! (`migrations/V2__roles.sql`), as in production.
 //!
-//! `CHAOS_EVENTS` and `CHAOS_RATE` scale it (`make soak`).
+//! `CHAOS_EVENTS` and `CHAOS_RATE` scale it (`make soak`). Every 5 s it
+//! prints where it is on stderr ([`Progress`]): events the provider has
+//! sent (its schedule) and the ingests recorded, effects at the downstream,
+//! the rate, the phase and the chaos so far.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -23,6 +26,7 @@ use simulator::downstream::{DownstreamConfig, Faults, Latency};
 use testkit::{PrivateCluster, Role};
 
 use crate::harness::{Proc, SECRET, TempDir};
+use crate::progress::{Progress, thousands};
 
 fn setting(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -59,6 +63,50 @@ impl std::fmt::Display for Tally {
             self.effects,
             self.double_effects
         )
+    }
+}
+
+/// Events and deliveries the ingests recorded so far, read for the
+/// progress line on a connection of its own, made again after the Postgres
+/// restart (`None` while the server is down).
+struct Recorded {
+    database: db::Database,
+    client: Option<tokio_postgres::Client>,
+}
+
+impl Recorded {
+    fn new(url: &str) -> Self {
+        Self {
+            database: db::Database::parse(url).unwrap(),
+            client: None,
+        }
+    }
+
+    /// A fresh connection when the last one broke (the restart closes it).
+    async fn read(&mut self) -> Option<(u64, u64)> {
+        for _ in 0..2 {
+            let read = async {
+                if self.client.is_none() {
+                    let client = self.database.connect_with_default_search_path("chaos-progress");
+                    self.client = Some(client.await.ok()?);
+                }
+                let row = self
+                    .client
+                    .as_ref()?
+                    .query_one(
+                        "SELECT count(*), coalesce(sum(deliveries), 0)::int8 FROM processed_events",
+                        &[],
+                    )
+                    .await
+                    .ok()?;
+                Some((row.get::<_, i64>(0) as u64, row.get::<_, i64>(1) as u64))
+            };
+            match tokio::time::timeout(Duration::from_secs(2), read).await {
+                Ok(Some(recorded)) => return Some(recorded),
+                _ => self.client = None,
+            }
+        }
+        None
     }
 }
 
@@ -208,6 +256,14 @@ async fn exactly_once_effects_survive_kills_restarts_and_a_faulty_downstream() {
     // The chaos, beside the load.
     let main_phase = Duration::from_secs_f64(events as f64 / rate as f64);
     let started = Instant::now();
+    let mut progress = Progress::start("chaos");
+    progress.note(&format!(
+        "sending {} events at {rate}/s (about {:.0} s), then late duplicates; a relay SIGKILLed every 4 s",
+        thousands(events),
+        main_phase.as_secs_f64()
+    ));
+    let mut recorded = Recorded::new(&url);
+    let mut last_recorded = (0, 0);
     let mut tally = Tally {
         events,
         deliveries: 0,
@@ -234,6 +290,7 @@ async fn exactly_once_effects_survive_kills_restarts_and_a_faulty_downstream() {
             next_relay_kill = now + Duration::from_secs(4);
         }
         if tally.ingest_kills == 0 && now >= ingest_kill_at {
+            progress.note("SIGKILL one ingest of two, restarted 0.8 s later");
             ingests[0].signal("KILL");
             let _ = ingests[0].child.wait();
             tokio::time::sleep(Duration::from_millis(800)).await;
@@ -241,10 +298,49 @@ async fn exactly_once_effects_survive_kills_restarts_and_a_faulty_downstream() {
             tally.ingest_kills += 1;
         }
         if tally.postgres_restarts == 0 && now >= restart_at {
+            progress.note("Postgres: fast shutdown, restarted 2 s later");
             cluster.stop().expect("fast shutdown");
             tokio::time::sleep(Duration::from_secs(2)).await;
             cluster.resume().expect("restart");
             tally.postgres_restarts += 1;
+            progress.note("Postgres: restarted");
+        }
+        if progress.due() {
+            let phase = if now < main_phase {
+                "sending"
+            } else {
+                "late duplicates and retries"
+            };
+            let read = recorded.read().await;
+            last_recorded = read.unwrap_or(last_recorded);
+            let totals = downstream.totals();
+            // The provider's schedule (open loop at `rate`), started just before `started`.
+            let sent = ((now.as_secs_f64() * rate as f64) as u64)
+                .max(last_recorded.0)
+                .min(events);
+            progress.line(
+                phase,
+                &format!(
+                    "events sent {}/{}, acknowledged {} (deliveries {}{}) | effects {} (requests {}) | \
+                     kills {} relay + {} ingest, Postgres restarts {}",
+                    thousands(sent),
+                    thousands(events),
+                    thousands(last_recorded.0),
+                    thousands(last_recorded.1),
+                    if read.is_none() {
+                        "; the database is unreachable: as of the last line"
+                    } else {
+                        ""
+                    },
+                    thousands(totals.effects),
+                    thousands(totals.requests),
+                    tally.relay_kills,
+                    tally.ingest_kills,
+                    tally.postgres_restarts
+                ),
+                last_recorded.0,
+                "events",
+            );
         }
         assert!(
             now < main_phase + Duration::from_secs(150),
@@ -266,6 +362,11 @@ async fn exactly_once_effects_survive_kills_restarts_and_a_faulty_downstream() {
         "the provider got a 2xx for every event: {summary}"
     );
     assert_eq!(summary["events"].as_u64(), Some(events));
+    progress.note(&format!(
+        "the provider is done: {} events, {} deliveries, every event acknowledged; draining the outbox",
+        thousands(events),
+        thousands(tally.deliveries)
+    ));
 
     // Let the relays finish (leases of the last killed one expire in 5 s).
     let client = testkit::TestDb::connect_url(&url).await;
@@ -288,6 +389,20 @@ async fn exactly_once_effects_survive_kills_restarts_and_a_faulty_downstream() {
             drained.elapsed() < Duration::from_secs(90),
             "{left} rows still pending or leased"
         );
+        if progress.due() {
+            let totals = downstream.totals();
+            progress.line(
+                "draining",
+                &format!(
+                    "{} outbox rows pending | effects {} (requests {})",
+                    thousands(left as u64),
+                    thousands(totals.effects),
+                    thousands(totals.requests)
+                ),
+                totals.effects,
+                "effects",
+            );
+        }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     for relay in &mut relays {
@@ -296,6 +411,7 @@ async fn exactly_once_effects_survive_kills_restarts_and_a_faulty_downstream() {
     for ingest in &mut ingests {
         ingest.stop(Duration::from_secs(10));
     }
+    progress.note("drained; checking every acknowledgement and effect");
 
     // What the provider was told, per event.
     let acks: Vec<serde_json::Value> = std::fs::read_to_string(&ack_file)

@@ -11,6 +11,7 @@ mod history;
 mod observability;
 mod per_order;
 mod pooler;
+mod progress;
 mod prometheus;
 mod roles;
 mod run_demo;

@@ -37,7 +37,17 @@ pub enum Command {
         json: bool,
     },
     /// Delete done and cancelled rows and processed events older than RETENTION_DAYS, in small batches.
-    Prune,
+    ///
+    /// A line on stderr every few seconds while it runs (rows deleted so far
+    /// per table, batches, elapsed), then the summary on stdout.
+    Prune {
+        /// The summary as one JSON object on stdout.
+        #[arg(long)]
+        json: bool,
+        /// How often the progress line is printed (0: after every batch).
+        #[arg(long, hide = true, default_value = "5s", value_parser = process::args::parse_duration)]
+        progress_every: Duration,
+    },
     /// After an incident: deliveries, duplicates, and commands enqueued and
     /// delivered by kind, as the database recorded them.
     Audit {

@@ -68,12 +68,9 @@ fn main() -> ExitCode {
         Command::Stats { json } => {
             process::run_command(PROGRAM, async move { ops::stats(&database, json).await })
         }
-        Command::Prune => {
-            process::run_command(
-                PROGRAM,
-                async move { ops::prune(&database, retention_days).await },
-            )
-        }
+        Command::Prune { json, progress_every } => process::run_command(PROGRAM, async move {
+            ops::prune(&database, retention_days, progress_every, json).await
+        }),
         Command::Audit { since, json } => {
             process::run_command(PROGRAM, async move { ops::audit(&database, since, json).await })
         }

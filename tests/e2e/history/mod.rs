@@ -19,21 +19,27 @@
 //! The test records what the checker needs with triggers of its own
 //! (`history_events`, `history_outbox`), installed in the test database by
 //! the superuser; the product's schema and grants are untouched.
+//!
+//! Every 5 s it prints where it is on stderr ([`Progress`]): deliveries
+//! sent and acknowledged, effects at the downstream, the rate, the phase and
+//! the chaos so far; then the drains, the prune and the check.
 
 mod check;
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures_util::StreamExt as _;
 use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng as _};
-use simulator::downstream::{DownstreamConfig, Faults, Latency};
+use simulator::downstream::{DownstreamConfig, Faults, Latency, RunningDownstream};
 use testkit::{PrivateCluster, Role};
 
 use self::check::{Claim, Delivery, Evidence, KeyRecord, RowWrite};
 use crate::harness::{Proc, SECRET, TempDir, try_post_signed, wait_ready};
+use crate::progress::{Progress, thousands};
 
 fn setting(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -322,16 +328,122 @@ fn relay_env(url: &str, downstream: &str) -> Vec<(String, String)> {
     ]
 }
 
-async fn wait_until_drained(client: &tokio_postgres::Client, timeout: Duration) {
-    let started = Instant::now();
-    loop {
-        let left = testkit::count(client, "SELECT count(*) FROM outbox WHERE status = 'pending'").await;
-        if left == 0 {
+/// The chaos of a soak run so far, for the progress line.
+#[derive(Default)]
+struct ChaosSoFar {
+    relays_killed: AtomicU64,
+    ingests_killed: AtomicU64,
+    postgres_restarts: AtomicU64,
+}
+
+impl std::fmt::Display for ChaosSoFar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "kills {} relay + {} ingest, Postgres restarts {}",
+            self.relays_killed.load(Ordering::Relaxed),
+            self.ingests_killed.load(Ordering::Relaxed),
+            self.postgres_restarts.load(Ordering::Relaxed)
+        )
+    }
+}
+
+/// What a progress line reads besides the deliveries: the downstream's
+/// effects and the chaos (in soak runs).
+struct Watched<'a> {
+    progress: &'a Mutex<Progress>,
+    downstream: &'a RunningDownstream,
+    chaos: Option<&'a ChaosSoFar>,
+}
+
+impl Watched<'_> {
+    fn note(&self, what: &str) {
+        self.progress.lock().unwrap().note(what);
+    }
+
+    fn line(&self, phase: &str, what: &str, count: u64, unit: &str) {
+        let mut progress = self.progress.lock().unwrap();
+        if !progress.due() {
             return;
         }
-        assert!(started.elapsed() < timeout, "{left} rows still pending");
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        let totals = self.downstream.totals();
+        let chaos = self.chaos.map_or_else(String::new, |c| format!(" | {c}"));
+        let what = format!(
+            "{what} | effects {} (requests {}){chaos}",
+            thousands(totals.effects),
+            thousands(totals.requests)
+        );
+        progress.line(phase, &what, count, unit);
     }
+
+    /// Runs `work` (a [`deliver_all`] of `phase`), with a progress
+    /// line every few seconds: its deliveries sent and acknowledged of the
+    /// `planned`.
+    async fn delivering(
+        &self,
+        phase: u8,
+        planned: u64,
+        log: &Mutex<Vec<Delivery>>,
+        work: impl Future<Output = ()>,
+    ) {
+        let mut work = std::pin::pin!(work);
+        loop {
+            tokio::select! {
+                () = &mut work => return,
+                () = tokio::time::sleep(Duration::from_millis(250)) => {}
+            }
+            let (sent, acknowledged) = log
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|d| d.phase == phase)
+                .fold((0, 0), |(sent, acked), d| {
+                    (sent + 1, acked + u64::from(d.status == 200))
+                });
+            self.line(
+                &format!("phase {phase}, delivering"),
+                &format!(
+                    "deliveries sent {} (retries included), acknowledged {}/{}",
+                    thousands(sent),
+                    thousands(acknowledged),
+                    thousands(planned)
+                ),
+                acknowledged,
+                "deliveries",
+            );
+        }
+    }
+
+    async fn until_drained(&self, client: &tokio_postgres::Client, after: &str, timeout: Duration) {
+        let started = Instant::now();
+        loop {
+            let left = testkit::count(client, "SELECT count(*) FROM outbox WHERE status = 'pending'").await;
+            if left == 0 {
+                self.note(&format!(
+                    "drained after {after} in {:.1} s",
+                    started.elapsed().as_secs_f64()
+                ));
+                return;
+            }
+            assert!(started.elapsed() < timeout, "{left} rows still pending");
+            self.line(
+                &format!("draining after {after}"),
+                &format!("{} outbox rows pending", thousands(left as u64)),
+                self.downstream.totals().effects,
+                "effects",
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+/// Deliveries `groups` plans: each event's first and its duplicates.
+fn planned_deliveries(groups: &[Vec<Planned>]) -> u64 {
+    groups
+        .iter()
+        .flatten()
+        .map(|p| 1 + p.duplicates.len() as u64)
+        .sum()
 }
 
 fn merge(into: &mut HashMap<String, KeyRecord>, stats: &simulator::downstream::Stats) {
@@ -415,15 +527,34 @@ async fn every_order_ends_as_the_domain_rules_say_whatever_the_interleaving() {
     for admin in admins {
         wait_ready(&http, &format!("http://127.0.0.1:{admin}")).await;
     }
+    let chaos_so_far = ChaosSoFar::default();
+    let progress = Mutex::new(Progress::start("history"));
+    let watched = Watched {
+        progress: &progress,
+        downstream: &downstream,
+        chaos: chaos.then_some(&chaos_so_far),
+    };
 
     // Phase 1, with the chaos beside it in soak runs.
     let log = Arc::new(Mutex::new(Vec::new()));
     let disruptions = Arc::new(Mutex::new(Vec::new()));
-    let done = std::sync::atomic::AtomicBool::new(false);
-    let delivering = async {
+    let done = AtomicBool::new(false);
+    let planned1 = planned_deliveries(&phase1);
+    watched.note(&format!(
+        "phase 1: {} events of {} orders and stray payments, {} deliveries{}",
+        thousands(phase1.iter().map(|g| g.len() as u64).sum()),
+        thousands(orders as u64),
+        thousands(planned1),
+        if chaos {
+            "; a relay SIGKILLed every 4 s, an ingest after 10 s, Postgres restarted after 20 s"
+        } else {
+            ""
+        }
+    ));
+    let delivering = watched.delivering(1, planned1, &log, async {
         deliver_all(&http, &targets, &phase1, 1, 24, &log).await;
-        done.store(true, std::sync::atomic::Ordering::Release);
-    };
+        done.store(true, Ordering::Release);
+    });
     let chaos_loop = async {
         if !chaos {
             return;
@@ -431,14 +562,16 @@ async fn every_order_ends_as_the_domain_rules_say_whatever_the_interleaving() {
         let started = Instant::now();
         let (mut ingest_killed, mut restarted) = (false, false);
         let mut victim = 0usize;
-        while !done.load(std::sync::atomic::Ordering::Acquire) {
+        while !done.load(Ordering::Acquire) {
             tokio::time::sleep(Duration::from_secs(4)).await;
             relays[victim % 2].signal("KILL");
             disruptions.lock().unwrap().push(now_us());
             relays[victim % 2] =
                 Proc::spawn("outbox-relay", &relay_env(&relay_url, &downstream.url()), &dir.0);
             victim += 1;
+            chaos_so_far.relays_killed.fetch_add(1, Ordering::Relaxed);
             if !ingest_killed && started.elapsed() > Duration::from_secs(10) {
+                watched.note("SIGKILL one ingest of two, restarted at once");
                 ingests[0].signal("KILL");
                 let _ = ingests[0].child.wait();
                 ingests[0] = Proc::spawn(
@@ -447,12 +580,16 @@ async fn every_order_ends_as_the_domain_rules_say_whatever_the_interleaving() {
                     &dir.0,
                 );
                 ingest_killed = true;
+                chaos_so_far.ingests_killed.fetch_add(1, Ordering::Relaxed);
             } else if ingest_killed && !restarted && started.elapsed() > Duration::from_secs(20) {
+                watched.note("Postgres: fast shutdown, restarted 2 s later");
                 cluster.stop().expect("fast shutdown");
                 disruptions.lock().unwrap().push(now_us());
                 tokio::time::sleep(Duration::from_secs(2)).await;
                 cluster.resume().expect("restart");
                 restarted = true;
+                chaos_so_far.postgres_restarts.fetch_add(1, Ordering::Relaxed);
+                watched.note("Postgres: restarted");
             }
         }
         assert!(
@@ -465,7 +602,9 @@ async fn every_order_ends_as_the_domain_rules_say_whatever_the_interleaving() {
     // A fresh connection: a restart in the chaos closed the first one.
     drop(client);
     let client = testkit::TestDb::connect_url(&url).await;
-    wait_until_drained(&client, Duration::from_secs(120)).await;
+    watched
+        .until_drained(&client, "phase 1", Duration::from_secs(120))
+        .await;
     let phase1_end: i64 = client
         .query_one("SELECT last_value FROM history_seq", &[])
         .await
@@ -483,6 +622,11 @@ async fn every_order_ends_as_the_domain_rules_say_whatever_the_interleaving() {
         .map(|p| p.id.clone())
         .collect();
     let retained_orders: Vec<i64> = retained.iter().copied().collect();
+    watched.note(&format!(
+        "retention: {} orders' rows and {} events aged eight days, then outbox-relay prune",
+        thousands(retained_orders.len() as u64),
+        thousands(retained_ids.len() as u64)
+    ));
     client
         .execute(
             "UPDATE outbox SET created_at = now() - interval '8 days', finished_at = now() - interval '8 days'
@@ -533,8 +677,24 @@ async fn every_order_ends_as_the_domain_rules_say_whatever_the_interleaving() {
     assert!(reset.status().is_success());
 
     // Phase 2: resends and new refunds of the retained orders.
-    deliver_all(&http, &targets, &phase2, 2, 24, &log).await;
-    wait_until_drained(&client, Duration::from_secs(120)).await;
+    let planned2 = planned_deliveries(&phase2);
+    watched.note(&format!(
+        "phase 2: {} resends and new refunds of the {} retained orders, {} deliveries",
+        thousands(phase2.iter().map(|g| g.len() as u64).sum()),
+        thousands(phase2.len() as u64),
+        thousands(planned2)
+    ));
+    watched
+        .delivering(
+            2,
+            planned2,
+            &log,
+            deliver_all(&http, &targets, &phase2, 2, 24, &log),
+        )
+        .await;
+    watched
+        .until_drained(&client, "phase 2", Duration::from_secs(120))
+        .await;
     // The histories went through batches (else this test proves nothing of
     // them). After a chaos run's SIGKILL the first ingest's counters restart,
     // so they are read from both.
@@ -629,7 +789,15 @@ async fn every_order_ends_as_the_domain_rules_say_whatever_the_interleaving() {
         disruptions: disruptions.lock().unwrap().clone(),
         http_timeout_us: HTTP_TIMEOUT_MS as i64 * 1000,
     };
+    watched.note(&format!(
+        "checking {} orders: {} claims, {} outbox writes, {} deliveries",
+        thousands(orders as u64),
+        thousands(evidence.claims.len() as u64),
+        thousands(evidence.writes.len() as u64),
+        thousands(evidence.deliveries.len() as u64)
+    ));
     let report = check::check(&evidence);
+    watched.note("checked");
     eprint!("{report}");
     let out = testkit::workspace_root().join("target/history");
     let _ = std::fs::create_dir_all(&out);

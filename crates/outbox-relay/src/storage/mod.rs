@@ -57,7 +57,9 @@ pub use dead::{
     DeadFilter, DeadPage, DeadRow, Discarded, OutboxRow, RequeueFilter, Requeued, dead_rows, discard_dead,
     outbox_row, requeue_dead,
 };
-pub use prune::{PRUNE_BATCH, Pruned, prune, prune_connect_options};
+pub use prune::{
+    PRUNE_BATCH, PruneProgress, PruneTable, Pruned, prune, prune_connect_options, prune_reporting,
+};
 
 use db::Sql;
 

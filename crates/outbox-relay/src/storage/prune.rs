@@ -66,6 +66,8 @@ pub fn prune_connect_options() -> db::ConnectOptions {
 pub struct Pruned {
     pub outbox_rows: u64,
     pub processed_events: u64,
+    /// Delete statements run, both tables.
+    pub batches: u64,
     /// False when another replica held the prune lock.
     pub ran: bool,
     /// The method that compressed the prune's full-page images, when the
@@ -82,16 +84,65 @@ pub async fn prune(
     client: &(impl Executor + ?Sized),
     retention_days: u32,
 ) -> Result<Pruned, tokio_postgres::Error> {
+    prune_reporting(client, retention_days, |_| {}).await
+}
+
+/// Where a prune is, after a batch: `outbox-relay prune`'s progress line.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct PruneProgress {
+    /// The table of the batch just run.
+    pub table: PruneTable,
+    pub outbox_rows: u64,
+    pub processed_events: u64,
+    /// Delete statements run so far, both tables.
+    pub batches: u64,
+}
+
+/// The tables the prune deletes from, in the order it does.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub enum PruneTable {
+    #[default]
+    Outbox,
+    ProcessedEvents,
+}
+
+impl PruneTable {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Outbox => "outbox",
+            Self::ProcessedEvents => "processed_events",
+        }
+    }
+}
+
+/// [`prune`], calling `on_batch` after every batch (a backlog of millions
+/// of rows takes minutes; the operator's command says where it is).
+pub async fn prune_reporting(
+    client: &(impl Executor + ?Sized),
+    retention_days: u32,
+    mut on_batch: impl FnMut(&PruneProgress),
+) -> Result<Pruned, tokio_postgres::Error> {
     let days = f64::from(retention_days);
     let wal_compression = compress_wal(client).await;
-    let outbox = in_batches(client, &PRUNE_OUTBOX, days).await?;
+    let mut progress = PruneProgress::default();
+    let outbox = in_batches(client, PruneTable::Outbox, days, &mut progress, &mut on_batch).await?;
     let events = match outbox {
-        Batches::Finished { .. } => in_batches(client, &PRUNE_EVENTS, days).await?,
+        Batches::Finished { .. } => {
+            in_batches(
+                client,
+                PruneTable::ProcessedEvents,
+                days,
+                &mut progress,
+                &mut on_batch,
+            )
+            .await?
+        }
         Batches::LockedOut { .. } => Batches::LockedOut { deleted: 0 },
     };
     Ok(Pruned {
         outbox_rows: outbox.deleted(),
         processed_events: events.deleted(),
+        batches: progress.batches,
         // Anything deleted, or the lock at least once.
         ran: outbox != Batches::LockedOut { deleted: 0 },
         wal_compression,
@@ -137,9 +188,15 @@ impl Batches {
 
 async fn in_batches(
     client: &(impl Executor + ?Sized),
-    statement: &Sql,
+    table: PruneTable,
     days: f64,
+    progress: &mut PruneProgress,
+    on_batch: &mut impl FnMut(&PruneProgress),
 ) -> Result<Batches, tokio_postgres::Error> {
+    let statement = match table {
+        PruneTable::Outbox => &PRUNE_OUTBOX,
+        PruneTable::ProcessedEvents => &PRUNE_EVENTS,
+    };
     let mut deleted = 0;
     loop {
         let started = Instant::now();
@@ -151,6 +208,13 @@ async fn in_batches(
         }
         let n = row.try_get::<_, i64>("deleted")? as u64;
         deleted += n;
+        progress.table = table;
+        progress.batches += 1;
+        match table {
+            PruneTable::Outbox => progress.outbox_rows += n,
+            PruneTable::ProcessedEvents => progress.processed_events += n,
+        }
+        on_batch(progress);
         if n < PRUNE_BATCH as u64 {
             return Ok(Batches::Finished { deleted });
         }

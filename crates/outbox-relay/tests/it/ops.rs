@@ -127,6 +127,69 @@ async fn prune_deletes_old_finished_rows_and_events_only() {
     assert!(ok && out.contains("another replica"), "{out}");
 }
 
+/// A long prune says where it is: a line on stderr per progress interval
+/// (here every batch, so the test counts them, not seconds), the rows per
+/// table growing batch by batch, then one summary; `--json` makes the
+/// summary one object on stdout.
+#[tokio::test]
+async fn a_long_prune_prints_its_progress_then_its_summary() {
+    let env = env().await;
+    let batch = outbox_relay::storage::PRUNE_BATCH;
+    // Outbox rows for three batches (the last one short), events for two.
+    let (rows, events) = (2 * batch + 100, batch + 50);
+    env.seed(1, rows).await;
+    env.client
+        .batch_execute(&format!(
+            "UPDATE outbox SET status = 'done', finished_at = now() - interval '8 days';
+             INSERT INTO processed_events (event_id, event_type, status, result, processed_at)
+             SELECT 'evt_old_' || n, 'payment.succeeded', 'processed', '{{}}', now() - interval '8 days'
+               FROM generate_series(1, {events}) n;"
+        ))
+        .await
+        .unwrap();
+    let (ok, out, err) = relay_cli(&env.relay_url, &["prune", "--json", "--progress-every", "0"]);
+    assert!(ok, "{err}");
+
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 5, "one line per batch: {err}");
+    let expected = [
+        (batch, 0, "outbox"),
+        (2 * batch, 0, "outbox"),
+        (rows, 0, "outbox"),
+        (rows, batch, "processed_events"),
+        (rows, events, "processed_events"),
+    ];
+    for (i, (line, (outbox, processed, table))) in lines.iter().zip(expected).enumerate() {
+        assert!(line.starts_with("prune "), "{line}");
+        for part in [
+            format!("outbox {outbox} row(s)"),
+            format!("processed_events {processed},"),
+            format!("{} batch(es)", i + 1),
+            format!("deleting from {table}"),
+        ] {
+            assert!(line.contains(&part), "line {i}: {part:?} not in {line:?}");
+        }
+    }
+
+    let summary: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(summary["ran"], true, "{summary}");
+    assert_eq!(summary["outbox_rows"], rows, "{summary}");
+    assert_eq!(summary["processed_events"], events, "{summary}");
+    assert_eq!(summary["batches"], 5, "{summary}");
+    assert_eq!(summary["retention_days"], 7, "{summary}");
+    assert!(summary["elapsed_secs"].as_f64().unwrap() > 0.0, "{summary}");
+
+    // Nothing left: one batch per table, and the line for people.
+    let (ok, out, err) = relay_cli(&env.relay_url, &["prune", "--progress-every", "0"]);
+    assert!(ok, "{err}");
+    assert_eq!(err.lines().count(), 2, "{err}");
+    assert!(
+        out.starts_with("pruned 0 outbox row(s) and 0 processed event(s) older than 7 day(s) in "),
+        "{out}"
+    );
+    assert!(out.contains("(2 batch(es))"), "{out}");
+}
+
 #[tokio::test]
 async fn configuration_errors_name_the_variable() {
     let base = [
