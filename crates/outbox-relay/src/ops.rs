@@ -7,7 +7,7 @@
 use std::io::Write as _;
 use std::time::{Duration, Instant};
 
-use process::terminal::{printable, utc_millis};
+use process::terminal::{printable, shown_trace, utc_millis};
 
 use crate::storage;
 
@@ -109,16 +109,7 @@ pub async fn dead_show(database: &db::Database, id: i64, json: bool) -> anyhow::
         )?,
         (None, _, _) => writeln!(out, "due          {}", utc_millis(row.available_at))?,
     }
-    match (&trace_id, &row.trace_context) {
-        (Some(trace_id), Some(traceparent)) => {
-            writeln!(
-                out,
-                "trace        {trace_id} (traceparent {})",
-                printable(traceparent)
-            )?;
-        }
-        _ => writeln!(out, "trace        -")?,
-    }
+    writeln!(out, "trace        {}", shown_trace(row.trace_context.as_deref()))?;
     writeln!(out, "payload      {}", printable(&row.payload))?;
     Ok(())
 }

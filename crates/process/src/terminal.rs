@@ -44,6 +44,16 @@ pub fn utc_millis(at: time::OffsetDateTime) -> String {
         .unwrap_or_default()
 }
 
+/// A stored `traceparent` as the operators' tables show it: the trace id to
+/// search for, then the whole context (`-` when there is none, or it is not
+/// one).
+pub fn shown_trace(traceparent: Option<&str>) -> String {
+    match traceparent.and_then(|t| Some((crate::traces::parse_traceparent(t)?.0, t))) {
+        Some((trace_id, traceparent)) => format!("{trace_id} (traceparent {})", printable(traceparent)),
+        None => "-".to_owned(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::printable;

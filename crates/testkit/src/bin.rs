@@ -33,3 +33,19 @@ pub fn path(name: &str) -> PathBuf {
 pub(crate) fn script(name: &str) -> std::process::Command {
     std::process::Command::new(workspace_root().join("scripts").join(name))
 }
+
+/// Runs `program` (a built binary, e.g. `env!("CARGO_BIN_EXE_outbox-relay")`)
+/// with `args` and `DATABASE_URL` set, as an operator would: (exited 0,
+/// stdout, stderr).
+pub fn run_cli(program: &str, database_url: &str, args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(program)
+        .args(args)
+        .env("DATABASE_URL", database_url)
+        .output()
+        .unwrap_or_else(|e| panic!("{program} did not start: {e}"));
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}

@@ -39,7 +39,7 @@ pub mod process;
 pub mod roles;
 pub mod url;
 
-pub use bin::workspace_root;
+pub use bin::{run_cli, workspace_root};
 pub use cluster::{PrivateCluster, admin_url};
 pub use database::TestDb;
 pub use grants::{Grant, assert_refused, grants_of, is_refused};

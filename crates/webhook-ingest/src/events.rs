@@ -10,7 +10,7 @@ use std::io::Write as _;
 use std::time::Duration;
 
 use domain::EventOutcome;
-use process::terminal::{printable, utc_millis};
+use process::terminal::{printable, shown_trace, utc_millis};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
@@ -208,16 +208,11 @@ fn write_story(
         utc_millis(event.processed_at),
         utc_millis(event.last_delivered_at)
     )?;
-    match (trace_id(event), &event.trace_context) {
-        (Some(trace_id), Some(traceparent)) => {
-            writeln!(
-                out,
-                "trace        {trace_id} (traceparent {})",
-                printable(traceparent)
-            )?;
-        }
-        _ => writeln!(out, "trace        -")?,
-    }
+    writeln!(
+        out,
+        "trace        {}",
+        shown_trace(event.trace_context.as_deref())
+    )?;
     writeln!(out, "answer       {}", printable(&event.result))?;
     let Some(order_id) = event.order_id else {
         return writeln!(out, "commands     none: no order matched the event's payment");

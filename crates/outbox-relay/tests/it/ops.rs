@@ -7,16 +7,7 @@ use testkit::metrics::Metrics;
 use crate::helpers::env;
 
 pub(crate) fn relay_cli(url: &str, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
-        .args(args)
-        .env("DATABASE_URL", url)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8(out.stdout).unwrap(),
-        String::from_utf8(out.stderr).unwrap(),
-    )
+    testkit::run_cli(env!("CARGO_BIN_EXE_outbox-relay"), url, args)
 }
 
 #[tokio::test]

@@ -12,16 +12,7 @@ const TRACE_ID: &str = "0af7651916cd43dd8448eb211c80319c";
 /// `webhook-ingest <args>` as the ingest's role: (success, stdout, stderr).
 fn cli(app: &TestApp, args: &[&str]) -> (bool, String, String) {
     let url = app.db.as_ref().unwrap().url_as(Role::Ingest);
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_webhook-ingest"))
-        .args(args)
-        .env("DATABASE_URL", url)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8(out.stdout).unwrap(),
-        String::from_utf8(out.stderr).unwrap(),
-    )
+    testkit::run_cli(env!("CARGO_BIN_EXE_webhook-ingest"), &url, args)
 }
 
 #[tokio::test]
