@@ -157,6 +157,17 @@ pub async fn hold_event_row(app: &TestApp, event_id: &str) -> tokio_postgres::Cl
 }
 
 impl TestApp {
+    /// The first two (text) columns of every row `sql` returns.
+    pub async fn text_pairs(&self, sql: &str) -> Vec<(String, String)> {
+        self.client
+            .query(sql, &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect()
+    }
+
     /// Posts `body` signed as a provider would, now.
     pub async fn post(&self, body: &str) -> reqwest::Response {
         self.post_with(body, &standard_headers(SECRET, now(), body)).await

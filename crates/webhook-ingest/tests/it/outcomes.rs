@@ -105,13 +105,8 @@ async fn a_refund_refunds_notifies_once_and_cancels_the_unsent_shipment() {
     assert_eq!(v["status"], "refunded");
     assert_eq!(app.order_status(1).await, "refunded");
     let rows: Vec<(String, String)> = app
-        .client
-        .query("SELECT idempotency_key, status FROM outbox ORDER BY id", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
+        .text_pairs("SELECT idempotency_key, status FROM outbox ORDER BY id")
+        .await;
     assert_eq!(
         rows,
         [

@@ -267,16 +267,8 @@ async fn a_replayed_unmatched_payment_pays_its_order_once_whatever_races_it() {
     // confirmation, enqueued by that event.
     assert_eq!(app.order_status(7).await, "paid");
     let statuses: Vec<(String, String)> = app
-        .client
-        .query(
-            "SELECT event_id, status FROM processed_events ORDER BY event_id",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
+        .text_pairs("SELECT event_id, status FROM processed_events ORDER BY event_id")
+        .await;
     let payer: Vec<&str> = statuses
         .iter()
         .filter(|(_, s)| s == "processed")
@@ -290,13 +282,8 @@ async fn a_replayed_unmatched_payment_pays_its_order_once_whatever_races_it() {
         "{statuses:?}"
     );
     let commands: Vec<(String, String)> = app
-        .client
-        .query("SELECT kind, event_id FROM outbox ORDER BY kind", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
+        .text_pairs("SELECT kind, event_id FROM outbox ORDER BY kind")
+        .await;
     assert_eq!(
         commands,
         [
@@ -349,13 +336,8 @@ async fn a_replayed_unmatched_refund_refunds_and_stops_the_shipment() {
     );
     assert_eq!(app.order_status(8).await, "refunded");
     let rows: Vec<(String, String)> = app
-        .client
-        .query("SELECT kind, status FROM outbox ORDER BY kind", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
+        .text_pairs("SELECT kind, status FROM outbox ORDER BY kind")
+        .await;
     assert_eq!(
         rows,
         [
