@@ -51,16 +51,32 @@ pub enum EventOutcome {
     Refunded,
     /// A payment for an order already refunded (events out of order): nothing shipped.
     OrderRefunded,
+    /// An `unmatched` event an operator decided will never match, with a
+    /// reason (`webhook-ingest events discard`). Never an answer: the event
+    /// keeps the answer it was given, and no rule produces this outcome.
+    Discarded,
 }
 
 impl EventOutcome {
-    pub const ALL: [EventOutcome; 6] = [
+    /// Every outcome an answer's `status` can carry.
+    pub const ANSWERS: [EventOutcome; 6] = [
         Self::Processed,
         Self::Ignored,
         Self::Unmatched,
         Self::AlreadyPaid,
         Self::Refunded,
         Self::OrderRefunded,
+    ];
+
+    /// Every status a recorded event can have: the answers, and `discarded`.
+    pub const ALL: [EventOutcome; 7] = [
+        Self::Processed,
+        Self::Ignored,
+        Self::Unmatched,
+        Self::AlreadyPaid,
+        Self::Refunded,
+        Self::OrderRefunded,
+        Self::Discarded,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -71,6 +87,7 @@ impl EventOutcome {
             Self::AlreadyPaid => "already_paid",
             Self::Refunded => "refunded",
             Self::OrderRefunded => "order_refunded",
+            Self::Discarded => "discarded",
         }
     }
 

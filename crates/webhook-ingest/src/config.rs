@@ -46,7 +46,7 @@ pub enum EventsCommand {
     /// List recorded events, newest first.
     List {
         /// Only events with this status (processed, refunded, ignored,
-        /// unmatched, already_paid, order_refunded).
+        /// unmatched, already_paid, order_refunded, discarded).
         #[arg(long)]
         status: Option<String>,
         /// Only this event id; with a trailing `*`, the ids that start with
@@ -83,6 +83,19 @@ pub enum EventsCommand {
     Replay {
         /// The event id, as the provider sent it.
         id: String,
+        /// One JSON object on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Discard an event recorded `unmatched` that will never match, with a
+    /// reason: it is no longer applied by itself or alerted on, and its row
+    /// stays, with the reason, as the audit of the decision.
+    Discard {
+        /// The event id, as the provider sent it.
+        id: String,
+        /// Why it will never match (kept on the event's row).
+        #[arg(long, value_parser = clap::builder::NonEmptyStringValueParser::new())]
+        reason: String,
         /// One JSON object on stdout.
         #[arg(long)]
         json: bool,
@@ -163,6 +176,16 @@ pub struct Settings {
           value_parser = clap::value_parser!(u32).range(1..=100_000), global = true)]
     pub ingest_max_in_flight: u32,
 
+    /// How long after its first delivery an `unmatched` event is applied by
+    /// itself once its order exists: the provider's retry horizon (72 h for
+    /// the common providers), within which the event could equally have
+    /// arrived after the order. Past it, the event raises an alert and waits
+    /// for an operator (`events replay` or `events discard`); retention never
+    /// deletes it.
+    #[arg(long, env = "UNMATCHED_HORIZON_HOURS", default_value_t = 72,
+          value_parser = clap::value_parser!(u64).range(1..=8_760), global = true)]
+    pub unmatched_horizon_hours: u64,
+
     #[command(flatten)]
     pub log: LogArgs,
 }
@@ -181,6 +204,11 @@ impl Settings {
     /// on one order never ties up the pool that other orders need.
     pub fn lock_wait(&self) -> Duration {
         (self.deadline() / 20).clamp(Duration::from_millis(10), Duration::from_millis(100))
+    }
+
+    /// [`Settings::unmatched_horizon_hours`] as a duration.
+    pub fn unmatched_horizon(&self) -> Duration {
+        Duration::from_secs(self.unmatched_horizon_hours * 3600)
     }
 
     pub fn webhook_signature_scheme_name(&self) -> &'static str {

@@ -185,6 +185,8 @@ fn story_json(event: &EventDetail, commands: &[CommandRow]) -> serde_json::Value
         "payload": event.payload.as_deref().map(json_value),
         "trace_context": event.trace_context,
         "trace_id": trace_id(event),
+        "discarded_reason": event.discarded.as_ref().map(|(reason, _)| reason),
+        "discarded_at": event.discarded.as_ref().map(|(_, at)| rfc3339(*at)),
         "commands": commands,
     })
 }
@@ -214,6 +216,14 @@ fn write_story(
         shown_trace(event.trace_context.as_deref())
     )?;
     writeln!(out, "answer       {}", printable(&event.result))?;
+    if let Some((reason, at)) = &event.discarded {
+        writeln!(
+            out,
+            "discarded    {} by an operator: {}",
+            utc_millis(*at),
+            printable(reason)
+        )?;
+    }
     let Some(order_id) = event.order_id else {
         return writeln!(out, "commands     none: no order matched the event's payment");
     };
@@ -356,6 +366,60 @@ fn unchanged(out: &mut impl std::io::Write, event: &EventDetail, json: bool) -> 
             "unchanged: {} is {}{order}; only an unmatched event is replayed, once",
             printable(&event.event_id),
             event.status
+        )?;
+    }
+    Ok(())
+}
+
+/// `events discard <id> --reason <why>`: an event recorded `unmatched` that
+/// will never match is marked `discarded` with the reason, once
+/// (`discard_event.sql`). Exit 0 when it was discarded, or had been already;
+/// 1 when it is not recorded, or was applied to an order (then nothing is
+/// discarded: the order's state is what it is).
+pub async fn discard(database: &db::Database, id: &str, reason: &str, json: bool) -> anyhow::Result<()> {
+    let client = database.connect("webhook-ingest-cli").await?;
+    let discarded_at = storage::discard_event(&client, id, reason).await?;
+    let Some(event) = storage::show_event(&client, id).await? else {
+        anyhow::bail!(
+            "no event `{}` recorded (never delivered here, or removed by retention after RETENTION_DAYS)",
+            printable(id)
+        );
+    };
+    if event.status != EventOutcome::Discarded {
+        anyhow::bail!(
+            "not discarded: {} is {}{}; only an unmatched event is discarded",
+            printable(&event.event_id),
+            event.status,
+            event
+                .order_id
+                .map_or_else(String::new, |o| format!(" (order {o})"))
+        );
+    }
+    let mut out = std::io::stdout().lock();
+    if json {
+        serde_json::to_writer(
+            &mut out,
+            &serde_json::json!({
+                "event_id": event.event_id,
+                "discarded": discarded_at.is_some(),
+                "status": event.status.as_str(),
+                "discarded_reason": event.discarded.as_ref().map(|(reason, _)| reason),
+                "discarded_at": event.discarded.as_ref().map(|(_, at)| rfc3339(*at)),
+            }),
+        )?;
+        out.write_all(b"\n")?;
+    } else if let Some(at) = discarded_at {
+        writeln!(
+            out,
+            "discarded {} at {}: it is kept, no longer applied by itself or alerted on",
+            printable(&event.event_id),
+            utc_millis(at)
+        )?;
+    } else {
+        writeln!(
+            out,
+            "unchanged: {} was discarded already",
+            printable(&event.event_id)
         )?;
     }
     Ok(())

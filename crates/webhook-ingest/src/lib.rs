@@ -11,7 +11,9 @@
 //! - [`error`]: every failure and the status the provider gets.
 //! - [`metrics`]: the Prometheus metrics.
 //! - [`notifier`]: wakes the relays after commits, coalescing `NOTIFY`s.
-//! - [`events`]: `webhook-ingest events list`, for operators.
+//! - [`reconcile`]: payments that arrived before their orders, applied by
+//!   themselves once the order exists.
+//! - [`events`]: `webhook-ingest events list|show|replay|discard`, for operators.
 #![forbid(unsafe_code)]
 
 pub mod batch;
@@ -21,5 +23,6 @@ pub mod events;
 pub mod http;
 pub mod metrics;
 pub mod notifier;
+pub mod reconcile;
 pub mod startup;
 pub mod storage;

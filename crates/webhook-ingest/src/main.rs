@@ -1,4 +1,5 @@
-//! `webhook-ingest`: serve (default), `migrate`, `events list`, `events show`, `events replay`.
+//! `webhook-ingest`: serve (default), `migrate`, `events list`, `events show`, `events replay`,
+//! `events discard`.
 //!
 //! # Layout
 //! Parses the configuration and checks all of it the command needs (exit 2
@@ -61,6 +62,11 @@ fn main() -> ExitCode {
             command: EventsCommand::Replay { id, json },
         } => process::run_command(PROGRAM, async move {
             webhook_ingest::events::replay(&database, &id, json).await
+        }),
+        Command::Events {
+            command: EventsCommand::Discard { id, reason, json },
+        } => process::run_command(PROGRAM, async move {
+            webhook_ingest::events::discard(&database, &id, &reason, json).await
         }),
     }
 }

@@ -2,7 +2,10 @@
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
+use std::sync::atomic::AtomicU64;
+
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
@@ -28,6 +31,14 @@ pub struct IngestMetrics {
     pub batch_contended: Counter,
     /// Batches that failed and wrote nothing (each delivery then alone).
     pub batch_failures: Counter,
+    /// Unmatched events the reconciler applied once their order existed.
+    pub unmatched_applied: Counter,
+    /// Seconds since the first delivery of the oldest event still unmatched
+    /// (0 when there is none).
+    pub unmatched_oldest_age: Gauge<f64, AtomicU64>,
+    /// Unmatched events first delivered before the retry horizon: no longer
+    /// applied by themselves, waiting for an operator.
+    pub unmatched_past_horizon: Gauge,
 }
 
 /// Buckets from 0.5 ms to the longest deadline worth having: the interesting
@@ -46,6 +57,9 @@ impl IngestMetrics {
             batched: Counter::default(),
             batch_contended: Counter::default(),
             batch_failures: Counter::default(),
+            unmatched_applied: Counter::default(),
+            unmatched_oldest_age: Gauge::default(),
+            unmatched_past_horizon: Gauge::default(),
         };
         registry.register(
             "webhook_requests",
@@ -81,6 +95,21 @@ impl IngestMetrics {
             "webhook_record_batch_failures",
             "Batches that failed and wrote nothing; each of their deliveries was then recorded on its own",
             metrics.batch_failures.clone(),
+        );
+        registry.register(
+            "webhook_unmatched_applied",
+            "Events recorded unmatched that were applied by themselves once their order existed",
+            metrics.unmatched_applied.clone(),
+        );
+        registry.register(
+            "webhook_unmatched_oldest_age_seconds",
+            "Seconds since the first delivery of the oldest event still unmatched (0 when none is)",
+            metrics.unmatched_oldest_age.clone(),
+        );
+        registry.register(
+            "webhook_unmatched_past_horizon_events",
+            "Events still unmatched past UNMATCHED_HORIZON_HOURS: no longer applied by themselves (counted up to 10000)",
+            metrics.unmatched_past_horizon.clone(),
         );
         metrics
     }

@@ -16,6 +16,7 @@ use crate::config::Settings;
 use crate::http::{self, AppState};
 use crate::metrics::IngestMetrics;
 use crate::notifier::Notifier;
+use crate::reconcile::Reconciler;
 
 pub const WEBHOOK_PATH: &str = "/webhooks/payments";
 
@@ -25,6 +26,7 @@ pub struct Application {
     admin: AdminServer,
     pool: db::Pool,
     notifier: Arc<Notifier>,
+    reconciler: Reconciler,
 }
 
 impl Application {
@@ -67,6 +69,12 @@ impl Application {
             &pool,
         );
         let notifier = Arc::new(Notifier::default());
+        let reconciler = Reconciler::new(
+            pool.clone(),
+            notifier.clone(),
+            metrics.clone(),
+            settings.unmatched_horizon(),
+        );
         let span_server = database.span_server();
         let batcher = Arc::new(crate::batch::Batcher::new(
             pool.clone(),
@@ -125,6 +133,7 @@ impl Application {
             admin,
             pool,
             notifier,
+            reconciler,
         })
     }
 
@@ -145,6 +154,10 @@ impl Application {
             let (notifier, pool, stop) = (self.notifier.clone(), self.pool.clone(), stop_notifier.clone());
             tokio::spawn(async move { notifier.run(pool, stop).await })
         };
+        let reconciler = {
+            let (reconciler, stop) = (self.reconciler.clone(), stop_notifier.clone());
+            tokio::spawn(async move { reconciler.run(stop).await })
+        };
         let admin_handle = self.admin.handle();
         let admin = tokio::spawn(self.admin.run());
         let handle = self.server.handle();
@@ -159,6 +172,7 @@ impl Application {
         tokio::time::sleep(Duration::from_millis(20)).await;
         stop_notifier.cancel();
         let _ = notifier.await;
+        let _ = reconciler.await;
         admin_handle.stop(true).await;
         let _ = admin.await;
         self.pool.close();

@@ -2,6 +2,10 @@
 -- under the pruner's advisory lock (see prune_outbox.sql). Once an event is
 -- gone, a redelivery of it would be processed as new. Returns whether the
 -- lock was had, and the rows deleted.
+-- Never an `unmatched` event (money received whose order did not exist yet:
+-- its row is the only copy, the provider will not send it again) nor a
+-- `discarded` one (an operator's decision, kept as its audit): neither is
+-- deleted whatever its age (docs/CONTRACT.md, "Payments before their orders").
 -- $1 retention in days, $2 batch size, $3 the lock's key.
 WITH lock AS (
     SELECT pg_try_advisory_xact_lock($3) AS held
@@ -10,6 +14,7 @@ WITH lock AS (
      WHERE (SELECT held FROM lock) AND event_id IN (
            SELECT event_id FROM public.processed_events
             WHERE processed_at < now() - $1 * interval '1 day'
+              AND status NOT IN ('unmatched', 'discarded')
             ORDER BY processed_at
             LIMIT $2)
     RETURNING 1

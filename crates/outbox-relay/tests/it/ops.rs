@@ -71,7 +71,8 @@ async fn requeue_all_and_unknown_ids() {
 }
 
 /// Retention removes only what is old and finished; pending and dead rows,
-/// and recent history, stay.
+/// recent history, and unmatched or discarded events of any age (money
+/// received whose order did not exist yet: the only copy) stay.
 #[tokio::test]
 async fn prune_deletes_old_finished_rows_and_events_only() {
     let env = env().await;
@@ -86,7 +87,12 @@ async fn prune_deletes_old_finished_rows_and_events_only() {
              SELECT 'evt_old_' || n, 'payment.succeeded', 'processed', '{}', now() - interval '8 days'
                FROM generate_series(1, 1500) n;
              INSERT INTO processed_events (event_id, event_type, status, result)
-             SELECT 'evt_new_' || n, 'payment.succeeded', 'processed', '{}' FROM generate_series(1, 10) n;",
+             SELECT 'evt_new_' || n, 'payment.succeeded', 'processed', '{}' FROM generate_series(1, 10) n;
+             INSERT INTO processed_events (event_id, event_type, status, result, processed_at)
+             SELECT 'evt_early_' || n, 'payment.succeeded', 'unmatched', '{}', now() - n * interval '10 days'
+               FROM generate_series(1, 5) n;
+             INSERT INTO processed_events (event_id, event_type, status, result, processed_at, discarded_reason, discarded_at)
+             VALUES ('evt_discarded', 'payment.succeeded', 'discarded', '{}', now() - interval '60 days', 'a test payment', now() - interval '50 days');",
         )
         .await
         .unwrap();
@@ -107,7 +113,13 @@ async fn prune_deletes_old_finished_rows_and_events_only() {
             .await,
         190
     );
-    assert_eq!(env.count("SELECT count(*) FROM processed_events").await, 10);
+    assert_eq!(env.count("SELECT count(*) FROM processed_events").await, 16);
+    assert_eq!(
+        env.count("SELECT count(*) FROM processed_events WHERE status IN ('unmatched', 'discarded')")
+            .await,
+        6,
+        "no unmatched or discarded event is pruned, whatever its age"
+    );
 
     // One replica at a time: while another session holds the lock, nothing runs.
     env.client

@@ -35,6 +35,7 @@
 mod plan;
 mod record;
 mod story;
+mod unmatched;
 
 use db::{Column, Executor, Sql, col};
 use domain::EventOutcome;
@@ -44,6 +45,7 @@ pub use record::{
     Delivery, Pending, Recorded, batchable, record_batch_span, record_event, record_events, record_span,
 };
 pub use story::{CommandRow, EventDetail, Replayed, order_commands, replay_event, show_event};
+pub use unmatched::{Matchable, UnmatchedBacklog, discard_event, matchable_events, unmatched_backlog};
 
 /// Every statement the ingest runs, for the test that prepares each against
 /// the migrated schema.
@@ -57,6 +59,9 @@ pub const STATEMENTS: &[&Sql] = &[
     &story::SHOW_EVENT,
     &story::ORDER_COMMANDS,
     &story::REPLAY_EVENT,
+    &unmatched::MATCHABLE_EVENTS,
+    &unmatched::UNMATCHED_BACKLOG,
+    &unmatched::DISCARD_EVENT,
 ];
 
 /// Opens every connection of `pool` with the ingest's statements prepared

@@ -25,6 +25,8 @@ const SHOW_EVENT_COLUMNS: &[Column] = &[
     col("result", Type::TEXT),
     col("payload", Type::TEXT),
     col("trace_context", Type::TEXT),
+    col("discarded_reason", Type::TEXT),
+    col("discarded_at", Type::TIMESTAMPTZ),
 ];
 
 pub(crate) const ORDER_COMMANDS: Sql = Sql::new(
@@ -67,6 +69,8 @@ pub struct EventDetail {
     pub payload: Option<String>,
     /// The W3C `traceparent` of the request that recorded it.
     pub trace_context: Option<String>,
+    /// Why and when an operator discarded it (`events discard`).
+    pub discarded: Option<(String, time::OffsetDateTime)>,
 }
 
 /// One command of an order, as `events show` shows it (not what it sends).
@@ -108,6 +112,9 @@ pub async fn show_event(
         result: r.try_get("result")?,
         payload: r.try_get("payload")?,
         trace_context: r.try_get("trace_context")?,
+        discarded: r
+            .try_get::<_, Option<String>>("discarded_reason")?
+            .zip(r.try_get::<_, Option<time::OffsetDateTime>>("discarded_at")?),
     }))
 }
 

@@ -21,4 +21,5 @@ mod signatures;
 mod slow_bodies;
 mod story;
 mod terminal;
+mod unmatched;
 mod warm;

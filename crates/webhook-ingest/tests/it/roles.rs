@@ -159,6 +159,16 @@ async fn exercise(
         .unwrap();
     let replayed = storage::replay_event(&client, &parsed).await?;
     assert!(replayed.is_some(), "the replay applies the event");
+    // The reconciler's look-up and gauges, and `events discard`.
+    let now = time::OffsetDateTime::now_utc();
+    storage::matchable_events(&client, now - Duration::from_secs(3600), 10).await?;
+    storage::unmatched_backlog(&client, now - Duration::from_secs(3600), 10).await?;
+    let stray = format!("evt_stray_{n}");
+    let body = event(&stray, "payment.succeeded", &format!("pay_stray_{n}"));
+    let parsed = domain::ProviderEvent::parse(body.as_bytes()).unwrap();
+    storage::record_event(&client, &parsed, &body, None).await?;
+    let discarded = storage::discard_event(&client, &stray, "never matches").await?;
+    assert!(discarded.is_some(), "the discard marks the event");
     db::schema_status(&client).await?;
     Ok(())
 }
