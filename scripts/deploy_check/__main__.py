@@ -15,6 +15,11 @@ the pinned Python packages. No cluster is needed and nothing is applied.
    alerts (and their runbook_url) and the dashboard against the metrics the
    code exports and RUNBOOK.md, the recommended labels, images against the
    Dockerfile.
+4. Where a render runs PostgreSQL on CloudNativePG (cnpg.py): synchronous
+   replication a commit waits for, the roles of deploy/sql/roles.sql, the
+   NetworkPolicies between our pods and the Cluster's, and the overlay's
+   example Secrets' DATABASE_URLs at the read-write Service, verified
+   against the operator's CA.
 
 What only a cluster knows (admission, defaulting, the CRD versions
 installed, the controllers) is out of reach.
@@ -25,6 +30,7 @@ installed, the controllers) is out of reach.
 - binaries.py: what our binaries accept, from `--help`.
 - against_code.py: the checks against the code.
 - egress.py: the NetworkPolicies' egress to 5432 and 443, per overlay.
+- cnpg.py: the CloudNativePG Cluster against the product.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ try:
     import kubernetes_validate
 
     from . import against_code as code
-    from . import egress
+    from . import cnpg, egress
     from .binaries import OURS, Binaries
     from .render import ROOT, RenderError, examples, kubectl_version, render_all
     from .validate import (K8S_VERSION, crd_sources, ident, promtool_version, rules_problems, rules_test_problems,
@@ -136,8 +142,33 @@ def main() -> int:
             broken = egress.breakages(objs)
             missed = [f"a rule opened to {what} passed the check" for what, b in broken if not egress.check_egress(b)]
             if broken:
-                report.check(f"[{r.label}] the egress check fails a rule opened to any address, 0.0.0.0/0, a placeholder, a selector or the metadata range",
+                report.check(f"[{r.label}] the egress check fails a rule opened to any address, 0.0.0.0/0, a placeholder, a selector "
+                             "(of a namespace, or of pods no Cluster runs) or the metadata range",
                              missed, f"{len(broken)} broken copies refused")
+        if cnpg.clusters(objs):
+            shown_secrets = cnpg.examples_of(r.label)
+            shown = ", ".join(str(p.relative_to(ROOT)) for p in shown_secrets[0]) or f"deploy/{r.label}/*.example.yaml"
+            checks = {
+                "cluster": ("CloudNativePG Cluster: synchronous replication every commit waits for "
+                            "(dataDurability: required), a standby to spare, instances on separate nodes",
+                            lambda o, e, c: cnpg.check_cluster(o)),
+                "roles": ("CloudNativePG Cluster: the database, owner, groups, logins and role settings of deploy/sql/roles.sql",
+                          lambda o, e, c: cnpg.check_roles(o)),
+                "network": (f"NetworkPolicies: our pods reach the Cluster's pods on its port ({cnpg.PORT}); "
+                            "its pods admit ours, each other and the operator",
+                            lambda o, e, c: cnpg.check_network(o, c)),
+                "urls": (f"{shown}: every DATABASE_URL at the Cluster's -rw Service (never -ro, -r), its port and database, "
+                         "verify-full against the operator's CA as mounted, each service's own role and password Secret",
+                         lambda o, e, c: cnpg.check_urls(r.label, o, c, e)),
+            }
+            for title, run in checks.values():
+                report.check(f"[{r.label}] {title}", run(objs, shown_secrets, ours))
+            broken = cnpg.breakages(r.label, objs)
+            missed = [f"{what} passed the {which} check" for what, which, b, e in broken
+                      if not checks[which][1](b, e, code.ours(b, binaries))]
+            report.check(f"[{r.label}] the CloudNativePG checks fail a broken copy each: "
+                         + ", ".join(what for what, _, _, _ in broken),
+                         missed, f"{len(broken)} broken copies refused")
         if any(o.get("kind") == "ScaledObject" for o in objs):
             report.check(f"[{r.label}] KEDA query = crates/outbox-relay/sql/count_due.sql", code.check_keda_query(objs))
         if any(o.get("kind") == "PrometheusRule" for o in objs):

@@ -31,8 +31,10 @@ class RenderError(Exception):
 class Render:
     label: str
     objs: list[dict]
-    # Not included by another kustomization: what an operator applies, so the
-    # checks against the code run on it.
+    # What an operator applies, so the checks against the code run on it: a
+    # kustomization no other one includes, and every overlay (deploy/overlays/
+    # NAME), even one another overlay builds on (overlays/prod, under
+    # overlays/prod-cnpg).
     entry_point: bool
 
 
@@ -118,7 +120,8 @@ def render_all() -> tuple[list[Render], list[tuple[str, str]]]:
     the file it comes from (remove it before validating)."""
     all_k = kustomizations()
     inner = included(all_k)
-    todo = [(label, label, label not in inner) for label, k in all_k.items() if k.get("kind") == "Kustomization"]
+    todo = [(label, label, label not in inner or Path(label).parent == Path("overlays"))
+            for label, k in all_k.items() if k.get("kind") == "Kustomization"]
     todo += [(f"{o} with {a} instead of {u}", f"{o}.alternative{i}", True) for i, (o, u, a) in enumerate(ALTERNATIVES)]
     renders, failures = [], []
     with tempfile.TemporaryDirectory(prefix="deploy-check-") as tmp:
