@@ -6,7 +6,11 @@
 //! - the commit order of an order's events: `history_events.seq`, a sequence
 //!   value drawn by a trigger on `processed_events` after the claim's
 //!   statement holds the order's row lock, which it keeps until its commit;
-//!   the next event of that order can only draw after that commit;
+//!   the next event of that order can only draw after that commit. An event
+//!   that arrived before its order is claimed `unmatched` (an `INSERT` entry
+//!   with no order) and applied later by the ingest's reconciler (an
+//!   `UPDATE` entry, drawn under the order's lock like any claim): the
+//!   `UPDATE` is where it stands in the order's commit order;
 //! - the claims of each shipment row: `history_outbox`, written by a
 //!   trigger on `outbox` with the database's clock at the claim, before its
 //!   commit;
@@ -27,10 +31,12 @@ use std::fmt::Write as _;
 use domain::{CommandKind, EventKind, OrderStatus};
 use simulator::downstream::CallRecord;
 
-/// One claim of an event id, as the trigger recorded it.
+/// One claim of an event id (`INSERT`), or the application of one claimed
+/// `unmatched` (`UPDATE`), as the trigger recorded it.
 #[derive(Debug, Clone)]
 pub struct Claim {
     pub seq: i64,
+    pub op: String,
     pub event_id: String,
     pub event_type: String,
     pub order_id: Option<i64>,
@@ -92,6 +98,9 @@ pub struct Evidence {
     pub disruptions: Vec<i64>,
     /// The relays' HTTP timeout, in us.
     pub http_timeout_us: i64,
+    /// Orders created after their first events were sent: when the
+    /// creation committed (unix us).
+    pub late_orders: HashMap<i64, i64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -127,6 +136,14 @@ pub enum Violation {
     DoneWithoutEffect,
     /// An event id claimed twice without its record being pruned.
     ClaimedTwice,
+    /// An unmatched event applied to its order more than once.
+    AppliedTwice,
+    /// An event recorded `unmatched` although every delivery of it was sent
+    /// after its order's creation had committed.
+    UnmatchedWhileOrderExisted,
+    /// An event of an order created after it, still `unmatched` at the end:
+    /// nothing applied it once the order existed.
+    UnmatchedNeverApplied,
     /// An event the provider delivered that was never claimed, or a 2xx
     /// whose status differs from the claim's.
     Acknowledgement,
@@ -146,6 +163,11 @@ pub struct Report {
     pub refunds_with_shipment_claim_in_flight: usize,
     pub shipments_under_way_then_done: usize,
     pub shipments_under_way_then_cancelled_with_effect: usize,
+    /// Orders created after their first events were sent.
+    pub late_orders: usize,
+    /// Events of those answered `unmatched`, and applied by the reconciler.
+    pub answered_unmatched: usize,
+    pub applied_later: usize,
     pub violations: BTreeMap<Violation, Vec<i64>>,
     /// Every violation with its order's history, by kind.
     pub details: BTreeMap<Violation, Vec<String>>,
@@ -192,6 +214,11 @@ impl std::fmt::Display for Report {
             self.refunds_with_shipment_claim_in_flight,
             self.shipments_under_way_then_done,
             self.shipments_under_way_then_cancelled_with_effect,
+        )?;
+        writeln!(
+            f,
+            "history: orders created after their payments {}: {} events answered unmatched, {} applied once the order existed",
+            self.late_orders, self.answered_unmatched, self.applied_later
         )?;
         let by_kind: Vec<String> = self
             .violations
@@ -252,11 +279,15 @@ pub fn check(e: &Evidence) -> Report {
         let order = e.planned.get(id).and_then(|(_, o)| *o).unwrap_or(0);
         let in_phase: Vec<&&Claim> = claims_of
             .get(id)
-            .map(|cs| cs.iter().filter(|c| c.phase == phase).collect())
+            .map(|cs| {
+                cs.iter()
+                    .filter(|c| c.phase == phase && c.op == "INSERT")
+                    .collect()
+            })
             .unwrap_or_default();
         let earlier = claims_of
             .get(id)
-            .is_some_and(|cs| cs.iter().any(|c| c.phase < phase));
+            .is_some_and(|cs| cs.iter().any(|c| c.phase < phase && c.op == "INSERT"));
         let expected = usize::from(!earlier || e.pruned.contains(id));
         if in_phase.len() > expected {
             r.flag(
@@ -278,10 +309,11 @@ pub fn check(e: &Evidence) -> Report {
             );
             continue;
         }
-        let Some(claim) = claims_of
-            .get(id)
-            .and_then(|cs| cs.iter().filter(|c| c.phase <= phase).max_by_key(|c| c.seq))
-        else {
+        let Some(claim) = claims_of.get(id).and_then(|cs| {
+            cs.iter()
+                .filter(|c| c.phase <= phase && c.op == "INSERT")
+                .max_by_key(|c| c.seq)
+        }) else {
             r.flag(
                 Violation::Acknowledgement,
                 order,
@@ -289,12 +321,54 @@ pub fn check(e: &Evidence) -> Report {
             );
             continue;
         };
+        // What a delivery may have been answered: the claim's outcome, or,
+        // once the reconciler applied an unmatched claim, the applied one.
+        let applications: Vec<&&Claim> = claims_of
+            .get(id)
+            .into_iter()
+            .flatten()
+            .filter(|c| c.op == "UPDATE" && c.seq > claim.seq)
+            .collect();
+        if applications.len() > 1 {
+            r.flag(
+                Violation::AppliedTwice,
+                order,
+                &format!("{id} applied {} times once its order existed", applications.len()),
+            );
+        }
         for d in acked {
-            if d.outcome.as_deref() != Some(claim.status.as_str()) {
+            let answered = d.outcome.as_deref();
+            if answered != Some(claim.status.as_str())
+                && !applications.iter().any(|a| answered == Some(a.status.as_str()))
+            {
                 r.flag(
                     Violation::Acknowledgement,
                     order,
                     &format!("{id} answered {:?} but recorded {}", d.outcome, claim.status),
+                );
+            }
+        }
+        if let Some(&created_us) = e.late_orders.get(&order)
+            && claim.status == "unmatched"
+        {
+            r.answered_unmatched += 1;
+            let sent_after = e
+                .deliveries
+                .iter()
+                .filter(|d| d.event_id == id && d.phase == phase)
+                .all(|d| d.sent_us > created_us);
+            if sent_after {
+                r.flag(
+                    Violation::UnmatchedWhileOrderExisted,
+                    order,
+                    &format!("{id} recorded unmatched, every delivery sent after its order was created"),
+                );
+            }
+            if applications.is_empty() && event_kind(&claim.event_type) != EventKind::Other {
+                r.flag(
+                    Violation::UnmatchedNeverApplied,
+                    order,
+                    &format!("{id} still unmatched though its order was created"),
                 );
             }
         }
@@ -320,6 +394,17 @@ pub fn check(e: &Evidence) -> Report {
             .get(&c.event_id)
             .and_then(|(_, o)| *o)
             .filter(|_| event_kind(&c.event_type) != EventKind::Other);
+        let early = c.op == "INSERT"
+            && c.status == "unmatched"
+            && planned.is_some_and(|o| e.late_orders.contains_key(&o));
+        if early {
+            // Claimed before its order existed: the model takes the
+            // application (`UPDATE`) instead.
+            continue;
+        }
+        if c.op == "UPDATE" {
+            r.applied_later += 1;
+        }
         if planned.is_some() && c.order_id != planned {
             r.flag(
                 Violation::WrongOrder,
@@ -355,6 +440,7 @@ pub fn check(e: &Evidence) -> Report {
         let end = ds.iter().filter_map(|d| d.acked_us).max()?;
         Some((start, end))
     };
+    r.late_orders = e.late_orders.len();
     let mut orders: Vec<&i64> = e.orders.keys().collect();
     orders.sort();
     for &order in orders {
@@ -515,7 +601,11 @@ pub fn check(e: &Evidence) -> Report {
             }
             (_, Some(refund)) => {
                 r.refunds_after_payment += 1;
-                if let Some(acked) = ack_of(&refund.event_id, refund.phase) {
+                // When the refund was certainly committed: the provider's
+                // 200, unless the reconciler applied it later (then no
+                // moment is certain, and this rule is not checked).
+                let committed = ack_of(&refund.event_id, refund.phase).filter(|_| refund.op == "INSERT");
+                if let Some(acked) = committed {
                     let late: Vec<&&&RowWrite> = ship_writes
                         .iter()
                         .filter(|w| w.claimed && w.at_us > acked)

@@ -11,6 +11,13 @@
 //! live through retention: their rows and events are aged eight days and
 //! pruned, and the provider resends old events and sends new refunds.
 //!
+//! Some orders are created after their payments, as a shop's checkout often
+//! commits after the provider's webhook: while the first deliveries are in
+//! flight, a second or two later, or only after the payments aged past
+//! retention (which must keep them). Their events are answered `unmatched`
+//! and must be applied by the ingests themselves once the order exists,
+//! exactly once, in the order's commit order.
+//!
 //! Then every order is checked by [`check::check`] against
 //! `domain::transition` applied in commit order. `make soak` runs it bigger,
 //! with relays SIGKILLed every few seconds, an ingest SIGKILLed once, and
@@ -24,7 +31,7 @@
 //! sent and acknowledged, effects at the downstream, the rate, the phase and
 //! the chaos so far; then the drains, the prune and the check.
 
-mod check;
+pub(crate) mod check;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -48,7 +55,7 @@ fn setting(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-fn now_us() -> i64 {
+pub(crate) fn now_us() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_micros() as i64
 }
 
@@ -58,20 +65,25 @@ const HTTP_TIMEOUT_MS: u64 = 800;
 const INSTRUMENTATION: &str = r#"
 CREATE SEQUENCE history_seq;
 CREATE TABLE history_events (
-    seq bigint NOT NULL, event_id text NOT NULL, event_type text NOT NULL, order_id bigint,
+    seq bigint NOT NULL, op text NOT NULL, event_id text NOT NULL, event_type text NOT NULL, order_id bigint,
     status text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp());
 CREATE TABLE history_outbox (
     seq bigint NOT NULL, op text NOT NULL, order_id bigint NOT NULL, kind text NOT NULL,
     old_status text, new_status text NOT NULL, old_owner text, new_owner text, claimed boolean NOT NULL,
     at timestamptz NOT NULL DEFAULT clock_timestamp());
--- Runs after the claim's INSERT, so after the statement locked the order.
+-- Runs after the claim's INSERT, so after the statement locked the order;
+-- and after an unmatched event's application (the reconciler's UPDATE,
+-- whose statement locked the order first).
 CREATE FUNCTION history_event() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER SET search_path = public AS $$
 BEGIN
-    INSERT INTO history_events (seq, event_id, event_type, order_id, status)
-    VALUES (nextval('history_seq'), NEW.event_id, NEW.event_type, NEW.order_id, NEW.status);
+    IF TG_OP = 'INSERT' OR (OLD.status = 'unmatched' AND NEW.status <> 'unmatched') THEN
+        INSERT INTO history_events (seq, op, event_id, event_type, order_id, status)
+        VALUES (nextval('history_seq'), TG_OP, NEW.event_id, NEW.event_type, NEW.order_id, NEW.status);
+    END IF;
     RETURN NULL;
 END $$;
-CREATE TRIGGER history_event AFTER INSERT ON processed_events FOR EACH ROW EXECUTE FUNCTION history_event();
+CREATE TRIGGER history_event AFTER INSERT OR UPDATE OF status ON processed_events
+    FOR EACH ROW EXECUTE FUNCTION history_event();
 CREATE FUNCTION history_outbox() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER SET search_path = public AS $$
 BEGIN
     INSERT INTO history_outbox (seq, op, order_id, kind, old_status, new_status, old_owner, new_owner, claimed)
@@ -98,7 +110,44 @@ struct Planned {
     duplicates: Vec<u64>,
 }
 
-fn plan(rng: &mut StdRng, orders: i64, retained: &HashSet<i64>) -> (Vec<Vec<Planned>>, Vec<Vec<Planned>>) {
+/// When an order is created, if not before the test starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Late {
+    /// This long after its group's first send: while its events are in
+    /// flight (a few ms), or a second or two later.
+    After(u64),
+    /// Only after its events aged past retention and the prune ran.
+    AfterRetention,
+}
+
+/// One order's events, delivered together, and when the order is created
+/// when it is not there from the start.
+#[derive(Debug, Clone)]
+struct Group {
+    events: Vec<Planned>,
+    create: Option<(i64, Late)>,
+}
+
+impl Group {
+    fn of(events: Vec<Planned>) -> Self {
+        Self { events, create: None }
+    }
+}
+
+fn late(rng: &mut StdRng, retention: bool) -> Option<Late> {
+    let roll: f64 = rng.random();
+    if roll < 0.05 {
+        Some(Late::After(rng.random_range(0..30)))
+    } else if roll < 0.09 {
+        Some(Late::After(rng.random_range(800..2500)))
+    } else if retention && roll < 0.11 {
+        Some(Late::AfterRetention)
+    } else {
+        None
+    }
+}
+
+fn plan(rng: &mut StdRng, orders: i64, retained: &HashSet<i64>, retention: bool) -> (Vec<Group>, Vec<Group>) {
     let mut phase1 = Vec::new();
     let mut phase2 = Vec::new();
     let event =
@@ -160,7 +209,15 @@ fn plan(rng: &mut StdRng, orders: i64, retained: &HashSet<i64>) -> (Vec<Vec<Plan
                 p.delay_ms = if p.event_type == "payment.refunded" { 0 } else { 15 };
             }
         }
-        phase1.push(group);
+        let create = if retained.contains(&order) {
+            None
+        } else {
+            late(rng, retention).map(|l| (order, l))
+        };
+        phase1.push(Group {
+            events: group,
+            create,
+        });
         if retained.contains(&order) {
             let mut late = Vec::new();
             // The first refund or payment resent after its record was pruned,
@@ -186,7 +243,7 @@ fn plan(rng: &mut StdRng, orders: i64, retained: &HashSet<i64>) -> (Vec<Vec<Plan
                 Some(order),
                 pay.clone(),
             ));
-            phase2.push(late);
+            phase2.push(Group::of(late));
         }
     }
     // Payment ids no order has.
@@ -196,13 +253,13 @@ fn plan(rng: &mut StdRng, orders: i64, retained: &HashSet<i64>) -> (Vec<Vec<Plan
         } else {
             "payment.refunded"
         };
-        phase1.push(vec![event(
+        phase1.push(Group::of(vec![event(
             rng,
             format!("evt_stray_{n}"),
             kind,
             None,
             format!("pay_none_{n}"),
-        )]);
+        )]));
     }
     (phase1, phase2)
 }
@@ -268,18 +325,20 @@ async fn deliver(
 }
 
 /// Every order's events at once (each after its own small delay), with its
-/// duplicates; `in_flight` orders at a time.
+/// duplicates, and the creation of a late order at its moment; `in_flight`
+/// orders at a time.
 async fn deliver_all(
     http: &reqwest::Client,
     ingests: &[String],
-    groups: &[Vec<Planned>],
+    groups: &[Group],
     phase: u8,
     in_flight: usize,
     log: &Mutex<Vec<Delivery>>,
+    shop: &Shop,
 ) {
     futures_util::stream::iter(groups)
         .map(|group| async move {
-            let sends = group.iter().flat_map(|p| {
+            let sends = group.events.iter().flat_map(|p| {
                 std::iter::once(p.delay_ms)
                     .chain(p.duplicates.iter().copied())
                     .map(move |delay| async move {
@@ -287,7 +346,13 @@ async fn deliver_all(
                         deliver(http, ingests, p, phase, log).await;
                     })
             });
-            futures_util::future::join_all(sends).await;
+            let create = async {
+                if let Some((order, Late::After(delay))) = group.create {
+                    tokio::time::sleep(Duration::from_millis(delay)).await;
+                    shop.create(order).await;
+                }
+            };
+            tokio::join!(futures_util::future::join_all(sends), create);
         })
         .buffer_unordered(in_flight)
         .collect::<Vec<()>>()
@@ -301,6 +366,9 @@ async fn deliver_all(
 fn ingest_env(url: &str, port: u16, admin: u16, which: usize) -> Vec<(String, String)> {
     let pool = if which == 0 { "2" } else { "16" };
     vec![
+        // Longer than the eight days the retention phase ages events by, so
+        // the reconciler still applies those whose order comes after it.
+        ("UNMATCHED_HORIZON_HOURS".into(), "240".into()),
         ("DATABASE_POOL_SIZE".into(), pool.into()),
         ("DATABASE_URL".into(), url.into()),
         ("WEBHOOK_SECRETS".into(), SECRET.into()),
@@ -414,21 +482,31 @@ impl Watched<'_> {
         }
     }
 
+    /// Until every event whose order exists is applied and nothing is
+    /// pending.
     async fn until_drained(&self, client: &tokio_postgres::Client, after: &str, timeout: Duration) {
         let started = Instant::now();
         loop {
+            let unapplied = testkit::count(client, UNAPPLIED).await;
             let left = testkit::count(client, "SELECT count(*) FROM outbox WHERE status = 'pending'").await;
-            if left == 0 {
+            if left == 0 && unapplied == 0 {
                 self.note(&format!(
                     "drained after {after} in {:.1} s",
                     started.elapsed().as_secs_f64()
                 ));
                 return;
             }
-            assert!(started.elapsed() < timeout, "{left} rows still pending");
+            assert!(
+                started.elapsed() < timeout,
+                "{left} rows still pending, {unapplied} unmatched events whose order exists"
+            );
             self.line(
                 &format!("draining after {after}"),
-                &format!("{} outbox rows pending", thousands(left as u64)),
+                &format!(
+                    "{} outbox rows pending, {} unmatched events whose order exists",
+                    thousands(left as u64),
+                    thousands(unapplied as u64)
+                ),
                 self.downstream.totals().effects,
                 "effects",
             );
@@ -437,11 +515,17 @@ impl Watched<'_> {
     }
 }
 
+/// Unmatched events whose order exists now: what the reconciler has yet to
+/// apply.
+const UNAPPLIED: &str = "SELECT count(*) FROM processed_events pe
+    JOIN orders o ON o.payment_id = pe.payload -> 'data' ->> 'payment_id'
+    WHERE pe.status = 'unmatched'";
+
 /// Deliveries `groups` plans: each event's first and its duplicates.
-fn planned_deliveries(groups: &[Vec<Planned>]) -> u64 {
+fn planned_deliveries(groups: &[Group]) -> u64 {
     groups
         .iter()
-        .flatten()
+        .flat_map(|g| &g.events)
         .map(|p| 1 + p.duplicates.len() as u64)
         .sum()
 }
@@ -454,39 +538,175 @@ fn merge(into: &mut HashMap<String, KeyRecord>, stats: &simulator::downstream::S
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_order_ends_as_the_domain_rules_say_whatever_the_interleaving() {
-    let orders = setting("HISTORY_ORDERS", 2500) as i64;
-    let chaos = setting("HISTORY_CHAOS", 0) == 1;
-    let seed = setting("HISTORY_SEED", now_us() as u64);
-    eprintln!(
-        "history: seed {seed} (HISTORY_SEED={seed} replays this history), {orders} orders, chaos {chaos}"
-    );
+/// The shop's connection, creating late orders: reconnects and retries
+/// through a database restart or a failover (an order whose creation
+/// committed before its answer was lost is found on the retry).
+struct Shop {
+    url: String,
+    client: tokio::sync::Mutex<Option<Arc<tokio_postgres::Client>>>,
+    /// The orders it created, and when each creation had committed.
+    created: Mutex<HashMap<i64, i64>>,
+}
+
+impl Shop {
+    fn new(url: &str) -> Self {
+        Self {
+            url: url.to_owned(),
+            client: tokio::sync::Mutex::new(None),
+            created: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Creates order `id`, noting when its creation had certainly committed.
+    async fn create(&self, id: i64) {
+        let started = Instant::now();
+        loop {
+            let client = {
+                let mut held = self.client.lock().await;
+                if held.as_ref().is_none_or(|c| c.is_closed()) {
+                    *held = db::Database::parse(&self.url)
+                        .unwrap()
+                        .connect_with_default_search_path("shop")
+                        .await
+                        .ok()
+                        .map(Arc::new);
+                }
+                held.clone()
+            };
+            if let Some(client) = client {
+                match client
+                    .execute(
+                        "INSERT INTO orders (id, payment_id) VALUES ($1::int8, 'pay_' || $1::int8)
+                         ON CONFLICT DO NOTHING",
+                        &[&id],
+                    )
+                    .await
+                {
+                    Ok(_) => {
+                        self.created.lock().unwrap().insert(id, now_us());
+                        return;
+                    }
+                    Err(e) if started.elapsed() > Duration::from_secs(90) => {
+                        panic!("order {id} could not be created: {e:?}")
+                    }
+                    Err(_) => {}
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// Which cluster a history runs on, and what befalls it.
+pub(crate) enum Cluster<'a> {
+    /// One node: `HISTORY_CHAOS` (make soak) stops and restarts it.
+    Private(&'a PrivateCluster),
+    /// Patroni: the primary's postmaster is SIGKILLed in the middle of the
+    /// deliveries, and the cluster promotes a standby.
+    Ha(&'a testkit::HaCluster),
+}
+
+pub(crate) struct Options<'a> {
+    pub orders: i64,
+    pub seed: u64,
+    /// Relays and an ingest SIGKILLed, Postgres restarted (a private cluster).
+    pub chaos: bool,
+    /// The retention phase and the resends after it (phase 2).
+    pub retention: bool,
+    pub cluster: Cluster<'a>,
+}
+
+/// What a failover did, measured.
+#[derive(Debug, Clone)]
+pub(crate) struct Failover {
+    pub killed: testkit::HaNode,
+    pub promoted: testkit::HaNode,
+    /// From the SIGKILL until Patroni reported the new primary.
+    pub promoted_after: Duration,
+    /// The longest time with no 200 at the provider around the kill.
+    pub no_200_window: Duration,
+    /// From the kill to the first outbox claim on the new primary, and to
+    /// the first downstream call the relays made after it.
+    pub first_claim_after: Option<Duration>,
+    pub first_call_after: Option<Duration>,
+    /// `/readyz` of an ingest answered 503 while there was no primary.
+    pub saw_unready: bool,
+}
+
+pub(crate) struct Run {
+    pub report: check::Report,
+    /// Distinct events the provider holds a 200 for.
+    pub acknowledged: usize,
+    /// Of those, the ones not on the (new) primary at the end.
+    pub lost: Vec<String>,
+    pub failover: Option<Failover>,
+}
+
+fn micros(us: i64) -> Duration {
+    Duration::from_micros(us.max(0) as u64)
+}
+
+/// The longest gap between two 200s the provider received that contains
+/// `at` (unix us).
+fn window_without_200(deliveries: &[Delivery], at: i64) -> Duration {
+    let mut acked: Vec<i64> = deliveries.iter().filter_map(|d| d.acked_us).collect();
+    acked.sort_unstable();
+    let before = acked.iter().rev().find(|&&t| t <= at).copied().unwrap_or(at);
+    let after = acked.iter().find(|&&t| t > at).copied().unwrap_or(at);
+    // Answers of statements that committed just before the kill arrive
+    // after it: the gap is the longest within the few seconds around it.
+    let mut widest = after - before;
+    for pair in acked.windows(2) {
+        if pair[0] >= at - 1_000_000 && pair[0] <= at + 60_000_000 {
+            widest = widest.max(pair[1] - pair[0]);
+        }
+    }
+    micros(widest)
+}
+
+/// Runs a history (see the module) and checks it; the caller asserts.
+pub(crate) async fn run(options: Options<'_>) -> Run {
+    let Options {
+        orders,
+        seed,
+        chaos,
+        retention,
+        cluster,
+    } = options;
     let mut rng = StdRng::seed_from_u64(seed);
-    let retained: HashSet<i64> = (1..=orders).filter(|_| rng.random_bool(0.05)).collect();
-    let (phase1, phase2) = plan(&mut rng, orders, &retained);
+    let retained: HashSet<i64> = if retention {
+        (1..=orders).filter(|_| rng.random_bool(0.05)).collect()
+    } else {
+        HashSet::new()
+    };
+    let (phase1, phase2) = plan(&mut rng, orders, &retained, retention);
     let planned: HashMap<String, (String, Option<i64>)> = phase1
         .iter()
         .chain(&phase2)
-        .flatten()
+        .flat_map(|g| &g.events)
         .map(|p| (p.id.clone(), (p.event_type.to_owned(), p.order)))
         .collect();
+    let late: HashSet<i64> = phase1.iter().filter_map(|g| g.create.map(|(o, _)| o)).collect();
 
     let dir = TempDir(std::env::temp_dir().join(format!("history-{}", testkit::free_port())));
     std::fs::create_dir_all(&dir.0).unwrap();
-    let cluster = PrivateCluster::start().expect("a private cluster");
-    let url = cluster.migrated_database("history").await.unwrap();
+    let url = match cluster {
+        Cluster::Private(c) => c.migrated_database("history").await.unwrap(),
+        Cluster::Ha(c) => c.migrated_database("history").await.unwrap(),
+    };
     let client = testkit::TestDb::connect_url(&url).await;
     client.batch_execute(INSTRUMENTATION).await.unwrap();
+    let present: Vec<i64> = (1..=orders).filter(|o| !late.contains(o)).collect();
     client
         .execute(
-            "INSERT INTO orders (id, payment_id) SELECT n, 'pay_' || n FROM generate_series(1, $1::int8) n",
-            &[&orders],
+            "INSERT INTO orders (id, payment_id) SELECT n, 'pay_' || n FROM unnest($1::int8[]) n",
+            &[&present],
         )
         .await
         .unwrap();
     let ingest_url = testkit::login_url(&url, Role::Ingest).await;
     let relay_url = testkit::login_url(&url, Role::Relay).await;
+    let shop = Shop::new(&url);
 
     let downstream = simulator::downstream::spawn(DownstreamConfig {
         faults: Faults {
@@ -535,27 +755,32 @@ async fn every_order_ends_as_the_domain_rules_say_whatever_the_interleaving() {
         chaos: chaos.then_some(&chaos_so_far),
     };
 
-    // Phase 1, with the chaos beside it in soak runs.
+    // Phase 1, with the chaos or the failover beside it.
     let log = Arc::new(Mutex::new(Vec::new()));
     let disruptions = Arc::new(Mutex::new(Vec::new()));
     let done = AtomicBool::new(false);
     let planned1 = planned_deliveries(&phase1);
     watched.note(&format!(
-        "phase 1: {} events of {} orders and stray payments, {} deliveries{}",
-        thousands(phase1.iter().map(|g| g.len() as u64).sum()),
+        "phase 1: {} events of {} orders ({} created after their payments) and stray payments, {} deliveries{}",
+        thousands(phase1.iter().map(|g| g.events.len() as u64).sum()),
         thousands(orders as u64),
+        thousands(late.len() as u64),
         thousands(planned1),
-        if chaos {
-            "; a relay SIGKILLed every 4 s, an ingest after 10 s, Postgres restarted after 20 s"
-        } else {
-            ""
+        match cluster {
+            Cluster::Private(_) if chaos =>
+                "; a relay SIGKILLed every 4 s, an ingest after 10 s, Postgres restarted after 20 s",
+            Cluster::Ha(_) => "; the primary's postmaster SIGKILLed a third of the way",
+            Cluster::Private(_) => "",
         }
     ));
     let delivering = watched.delivering(1, planned1, &log, async {
-        deliver_all(&http, &targets, &phase1, 1, 24, &log).await;
+        deliver_all(&http, &targets, &phase1, 1, 24, &log, &shop).await;
         done.store(true, Ordering::Release);
     });
     let chaos_loop = async {
+        let Cluster::Private(private) = cluster else {
+            return;
+        };
         if !chaos {
             return;
         }
@@ -583,10 +808,10 @@ async fn every_order_ends_as_the_domain_rules_say_whatever_the_interleaving() {
                 chaos_so_far.ingests_killed.fetch_add(1, Ordering::Relaxed);
             } else if ingest_killed && !restarted && started.elapsed() > Duration::from_secs(20) {
                 watched.note("Postgres: fast shutdown, restarted 2 s later");
-                cluster.stop().expect("fast shutdown");
+                private.stop().expect("fast shutdown");
                 disruptions.lock().unwrap().push(now_us());
                 tokio::time::sleep(Duration::from_secs(2)).await;
-                cluster.resume().expect("restart");
+                private.resume().expect("restart");
                 restarted = true;
                 chaos_so_far.postgres_restarts.fetch_add(1, Ordering::Relaxed);
                 watched.note("Postgres: restarted");
@@ -598,8 +823,59 @@ async fn every_order_ends_as_the_domain_rules_say_whatever_the_interleaving() {
         );
         eprintln!("history: chaos: {victim} relays SIGKILLed, 1 ingest SIGKILLed, Postgres restarted once");
     };
-    tokio::join!(delivering, chaos_loop);
-    // A fresh connection: a restart in the chaos closed the first one.
+    let failover_loop = async {
+        let Cluster::Ha(ha) = cluster else {
+            return None;
+        };
+        // A third of the way through the deliveries.
+        while log.lock().unwrap().iter().filter(|d| d.status == 200).count() < (planned1 / 3) as usize {
+            assert!(
+                !done.load(Ordering::Acquire),
+                "the deliveries ended before the kill"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let killed = ha
+            .kill_primary_postmaster()
+            .expect("SIGKILL of the primary's postmaster");
+        let kill_us = now_us();
+        disruptions.lock().unwrap().push(kill_us);
+        watched.note(&format!(
+            "SIGKILL of the primary's postmaster ({}, pid {})",
+            killed.name, killed.postmaster_pid
+        ));
+        // An ingest's readiness while there is no primary, and just after.
+        let polling = Arc::new(AtomicBool::new(true));
+        let poller = tokio::spawn({
+            let (http, polling) = (http.clone(), polling.clone());
+            let readyz = format!("http://127.0.0.1:{}/readyz", admins[0]);
+            async move {
+                let mut unready = false;
+                while polling.load(Ordering::Acquire) {
+                    if let Ok(r) = http.get(&readyz).send().await {
+                        unready |= r.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                unready
+            }
+        });
+        let promoted =
+            tokio::task::block_in_place(|| ha.wait_for_new_primary(&killed.name, Duration::from_secs(60)))
+                .expect("a standby promoted");
+        let promoted_after = micros(now_us() - kill_us);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        polling.store(false, Ordering::Release);
+        let saw_unready = poller.await.unwrap();
+        watched.note(&format!(
+            "{} promoted {:.1} s after the kill",
+            promoted.name,
+            promoted_after.as_secs_f64()
+        ));
+        Some((killed, promoted, kill_us, promoted_after, saw_unready))
+    };
+    let ((), (), failover) = tokio::join!(delivering, chaos_loop, failover_loop);
+    // A fresh connection: a restart or a failover closed the first one.
     drop(client);
     let client = testkit::TestDb::connect_url(&url).await;
     watched
@@ -611,90 +887,129 @@ async fn every_order_ends_as_the_domain_rules_say_whatever_the_interleaving() {
         .unwrap()
         .get(0);
 
-    // Retention: the retained orders' rows and events age eight days and are
-    // pruned; a real email API forgets its keys too.
     let mut keys = HashMap::new();
-    merge(&mut keys, &downstream.stats());
-    let retained_ids: Vec<String> = phase1
-        .iter()
-        .flatten()
-        .filter(|p| p.order.is_some_and(|o| retained.contains(&o)))
-        .map(|p| p.id.clone())
-        .collect();
-    let retained_orders: Vec<i64> = retained.iter().copied().collect();
-    watched.note(&format!(
-        "retention: {} orders' rows and {} events aged eight days, then outbox-relay prune",
-        thousands(retained_orders.len() as u64),
-        thousands(retained_ids.len() as u64)
-    ));
-    client
-        .execute(
-            "UPDATE outbox SET created_at = now() - interval '8 days', finished_at = now() - interval '8 days'
-              WHERE order_id = ANY($1)",
-            &[&retained_orders],
-        )
-        .await
-        .unwrap();
-    client
-        .execute(
-            "UPDATE processed_events SET processed_at = now() - interval '8 days' WHERE event_id = ANY($1)",
-            &[&retained_ids],
-        )
-        .await
-        .unwrap();
-    let prune = std::process::Command::new(testkit::bin::path("outbox-relay"))
-        .arg("prune")
-        .env("DATABASE_URL", &relay_url)
-        .env("RETENTION_DAYS", "7")
-        .env("FULFILMENT_URL", downstream.url())
-        .env("EMAIL_URL", downstream.url())
-        .output()
-        .unwrap();
-    assert!(prune.status.success(), "{prune:?}");
-    let pruned: HashSet<String> = retained_ids.into_iter().collect();
-    assert_eq!(
-        testkit::count(
-            &client,
-            &format!(
-                "SELECT count(*) FROM outbox WHERE order_id IN ({})",
-                retained_orders
-                    .iter()
-                    .map(i64::to_string)
-                    .chain(std::iter::once("0".into()))
-                    .collect::<Vec<_>>()
-                    .join(",")
+    let mut pruned = HashSet::new();
+    if retention {
+        // Retention: the retained orders' rows and events age eight days and
+        // are pruned; a real email API forgets its keys too. The events of
+        // the orders still to come age with them: the prune must keep them.
+        merge(&mut keys, &downstream.stats());
+        let retained_ids: Vec<String> = phase1
+            .iter()
+            .flat_map(|g| &g.events)
+            .filter(|p| p.order.is_some_and(|o| retained.contains(&o)))
+            .map(|p| p.id.clone())
+            .collect();
+        let coming: Vec<i64> = phase1
+            .iter()
+            .filter_map(|g| match g.create {
+                Some((order, Late::AfterRetention)) => Some(order),
+                _ => None,
+            })
+            .collect();
+        let early_ids: Vec<String> = phase1
+            .iter()
+            .filter(|g| matches!(g.create, Some((_, Late::AfterRetention))))
+            .flat_map(|g| &g.events)
+            .filter(|p| p.event_type != "payment.updated")
+            .map(|p| p.id.clone())
+            .collect();
+        let retained_orders: Vec<i64> = retained.iter().copied().collect();
+        watched.note(&format!(
+            "retention: {} orders' rows and {} events aged eight days, with {} unmatched events of {} orders still to come, then outbox-relay prune",
+            thousands(retained_orders.len() as u64),
+            thousands(retained_ids.len() as u64),
+            thousands(early_ids.len() as u64),
+            thousands(coming.len() as u64)
+        ));
+        client
+            .execute(
+                "UPDATE outbox SET created_at = now() - interval '8 days', finished_at = now() - interval '8 days'
+                  WHERE order_id = ANY($1)",
+                &[&retained_orders],
             )
-        )
-        .await,
-        0,
-        "the prune removed the retained orders' rows"
-    );
-    let reset = http
-        .post(format!("{}/control/reset", downstream.url()))
-        .send()
-        .await
-        .unwrap();
-    assert!(reset.status().is_success());
+            .await
+            .unwrap();
+        let aged: Vec<String> = retained_ids.iter().chain(&early_ids).cloned().collect();
+        client
+            .execute(
+                "UPDATE processed_events SET processed_at = now() - interval '8 days' WHERE event_id = ANY($1)",
+                &[&aged],
+            )
+            .await
+            .unwrap();
+        let prune = std::process::Command::new(testkit::bin::path("outbox-relay"))
+            .arg("prune")
+            .env("DATABASE_URL", &relay_url)
+            .env("RETENTION_DAYS", "7")
+            .env("FULFILMENT_URL", downstream.url())
+            .env("EMAIL_URL", downstream.url())
+            .output()
+            .unwrap();
+        assert!(prune.status.success(), "{prune:?}");
+        pruned = retained_ids.into_iter().collect();
+        assert_eq!(
+            testkit::count(
+                &client,
+                &format!(
+                    "SELECT count(*) FROM outbox WHERE order_id IN ({})",
+                    retained_orders
+                        .iter()
+                        .map(i64::to_string)
+                        .chain(std::iter::once("0".into()))
+                        .collect::<Vec<_>>()
+                        .join(",")
+                )
+            )
+            .await,
+            0,
+            "the prune removed the retained orders' rows"
+        );
+        let kept: i64 = client
+            .query_one(
+                "SELECT count(*) FROM processed_events WHERE event_id = ANY($1) AND status = 'unmatched'",
+                &[&early_ids],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(
+            kept as usize,
+            early_ids.len(),
+            "the prune kept every unmatched event past retention"
+        );
+        // The orders come at last; the reconciler applies their events by itself.
+        for order in coming {
+            shop.create(order).await;
+        }
+        let reset = http
+            .post(format!("{}/control/reset", downstream.url()))
+            .send()
+            .await
+            .unwrap();
+        assert!(reset.status().is_success());
 
-    // Phase 2: resends and new refunds of the retained orders.
-    let planned2 = planned_deliveries(&phase2);
-    watched.note(&format!(
-        "phase 2: {} resends and new refunds of the {} retained orders, {} deliveries",
-        thousands(phase2.iter().map(|g| g.len() as u64).sum()),
-        thousands(phase2.len() as u64),
-        thousands(planned2)
-    ));
-    watched
-        .delivering(
-            2,
-            planned2,
-            &log,
-            deliver_all(&http, &targets, &phase2, 2, 24, &log),
-        )
-        .await;
-    watched
-        .until_drained(&client, "phase 2", Duration::from_secs(120))
-        .await;
+        // Phase 2: resends and new refunds of the retained orders.
+        let planned2 = planned_deliveries(&phase2);
+        watched.note(&format!(
+            "phase 2: {} resends and new refunds of the {} retained orders, {} deliveries",
+            thousands(phase2.iter().map(|g| g.events.len() as u64).sum()),
+            thousands(phase2.len() as u64),
+            thousands(planned2)
+        ));
+        watched
+            .delivering(
+                2,
+                planned2,
+                &log,
+                deliver_all(&http, &targets, &phase2, 2, 24, &log, &shop),
+            )
+            .await;
+        // The reconciler looks at events older than 15 minutes once a minute.
+        watched
+            .until_drained(&client, "phase 2", Duration::from_secs(180))
+            .await;
+    }
     // The histories went through batches (else this test proves nothing of
     // them). After a chaos run's SIGKILL the first ingest's counters restart,
     // so they are read from both.
@@ -703,11 +1018,12 @@ async fn every_order_ends_as_the_domain_rules_say_whatever_the_interleaving() {
         let metrics = crate::harness::metrics(&http, &format!("http://127.0.0.1:{admin}")).await;
         let get = |name: &str| metrics.find(name, &[]).unwrap_or(0.0);
         eprintln!(
-            "history: ingest at {admin}: {} batches of {} deliveries, {} left alone (order locked), {} batches failed",
+            "history: ingest at {admin}: {} batches of {} deliveries, {} left alone (order locked), {} batches failed, {} unmatched events applied",
             get("webhook_record_batches_total"),
             get("webhook_record_batched_deliveries_total"),
             get("webhook_record_batch_contended_total"),
             get("webhook_record_batch_failures_total"),
+            get("webhook_unmatched_applied_total"),
         );
         batched += get("webhook_record_batched_deliveries_total");
     }
@@ -723,7 +1039,7 @@ async fn every_order_ends_as_the_domain_rules_say_whatever_the_interleaving() {
     // The evidence.
     let claims = client
         .query(
-            "SELECT seq, event_id, event_type, order_id, status,
+            "SELECT seq, op, event_id, event_type, order_id, status,
                     (extract(epoch FROM at) * 1000000)::int8 FROM history_events",
             &[],
         )
@@ -732,15 +1048,16 @@ async fn every_order_ends_as_the_domain_rules_say_whatever_the_interleaving() {
         .into_iter()
         .map(|r| Claim {
             seq: r.get(0),
-            event_id: r.get(1),
-            event_type: r.get(2),
-            order_id: r.get(3),
-            status: r.get(4),
-            at_us: r.get(5),
+            op: r.get(1),
+            event_id: r.get(2),
+            event_type: r.get(3),
+            order_id: r.get(4),
+            status: r.get(5),
+            at_us: r.get(6),
             phase: if r.get::<_, i64>(0) <= phase1_end { 1 } else { 2 },
         })
         .collect();
-    let writes = client
+    let writes: Vec<RowWrite> = client
         .query(
             "SELECT seq, order_id, kind, op, old_status, new_status, old_owner, new_owner, claimed,
                     (extract(epoch FROM at) * 1000000)::int8 FROM history_outbox",
@@ -777,6 +1094,58 @@ async fn every_order_ends_as_the_domain_rules_say_whatever_the_interleaving() {
         .map(|r| ((r.get(0), r.get(1)), r.get(2)))
         .collect();
     let deliveries = std::mem::take(&mut *log.lock().unwrap());
+
+    // Every event the provider holds a 200 for (and retention did not
+    // prune) is on the primary now.
+    let acknowledged: Vec<String> = deliveries
+        .iter()
+        .filter(|d| d.status == 200 && !pruned.contains(&d.event_id))
+        .map(|d| d.event_id.clone())
+        .collect::<HashSet<_>>()
+        .into_iter()
+        .collect();
+    let found: HashSet<String> = client
+        .query(
+            "SELECT event_id FROM processed_events WHERE event_id = ANY($1)",
+            &[&acknowledged],
+        )
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.get(0))
+        .collect();
+    let mut lost: Vec<String> = acknowledged
+        .iter()
+        .filter(|id| !found.contains(*id))
+        .cloned()
+        .collect();
+    lost.sort();
+
+    let failover = failover.map(|(killed, promoted, kill_us, promoted_after, saw_unready)| {
+        let first_claim = writes
+            .iter()
+            .filter(|w| w.claimed && w.at_us > kill_us)
+            .map(|w| w.at_us)
+            .min();
+        let first_call = first_claim.and_then(|claim_us| {
+            keys.values()
+                .flat_map(|k| &k.calls)
+                .map(|c| c.arrived_us as i64)
+                .filter(|&t| t >= claim_us)
+                .min()
+        });
+        Failover {
+            killed,
+            promoted,
+            promoted_after,
+            no_200_window: window_without_200(&deliveries, kill_us),
+            first_claim_after: first_claim.map(|t| micros(t - kill_us)),
+            first_call_after: first_call.map(|t| micros(t - kill_us)),
+            saw_unready,
+        }
+    });
+
+    let late_orders = shop.created.lock().unwrap().clone();
     let evidence = Evidence {
         claims,
         writes,
@@ -788,6 +1157,7 @@ async fn every_order_ends_as_the_domain_rules_say_whatever_the_interleaving() {
         pruned,
         disruptions: disruptions.lock().unwrap().clone(),
         http_timeout_us: HTTP_TIMEOUT_MS as i64 * 1000,
+        late_orders,
     };
     watched.note(&format!(
         "checking {} orders: {} claims, {} outbox writes, {} deliveries",
@@ -798,6 +1168,32 @@ async fn every_order_ends_as_the_domain_rules_say_whatever_the_interleaving() {
     ));
     let report = check::check(&evidence);
     watched.note("checked");
+    Run {
+        report,
+        acknowledged: acknowledged.len(),
+        lost,
+        failover,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_order_ends_as_the_domain_rules_say_whatever_the_interleaving() {
+    let orders = setting("HISTORY_ORDERS", 2500) as i64;
+    let chaos = setting("HISTORY_CHAOS", 0) == 1;
+    let seed = setting("HISTORY_SEED", now_us() as u64);
+    eprintln!(
+        "history: seed {seed} (HISTORY_SEED={seed} replays this history), {orders} orders, chaos {chaos}"
+    );
+    let cluster = PrivateCluster::start().expect("a private cluster");
+    let run = run(Options {
+        orders,
+        seed,
+        chaos,
+        retention: true,
+        cluster: Cluster::Private(&cluster),
+    })
+    .await;
+    let report = run.report;
     eprint!("{report}");
     let out = testkit::workspace_root().join("target/history");
     let _ = std::fs::create_dir_all(&out);
@@ -808,6 +1204,15 @@ async fn every_order_ends_as_the_domain_rules_say_whatever_the_interleaving() {
     assert!(
         report.payment_refund_pairs_overlapping > 0,
         "no payment and refund of one order were ever in flight together"
+    );
+    assert!(
+        report.applied_later > 0,
+        "no event arrived before its order and was applied later"
+    );
+    assert!(
+        run.lost.is_empty(),
+        "acknowledged but not recorded: {:?}",
+        run.lost
     );
     assert_eq!(report.total_violations(), 0, "{report}");
 }
