@@ -13,6 +13,8 @@
 //!   [`assert_refused`] / [`is_refused`] for what the server refuses.
 //! - [`cluster`]: the shared throwaway cluster ([`admin_url`]) and a
 //!   [`PrivateCluster`] of a test's own, to stop and start or to serve TLS.
+//! - [`ha`]: [`HaCluster`], a high-availability cluster of a test's own
+//!   (Patroni, etcd, two nodes) whose primary it can kill.
 //! - [`pgbouncer`]: [`PgBouncer`], a transaction-mode pooler in front of a cluster.
 //! - [`url`]: `postgres://` URLs as another user, database or port.
 //! - [`net`]: a [`free_port`] and an [`http`] client.
@@ -31,6 +33,7 @@ pub mod bin;
 pub mod cluster;
 pub mod database;
 pub mod grants;
+pub mod ha;
 pub mod metrics;
 pub mod net;
 pub mod pgbouncer;
@@ -43,6 +46,7 @@ pub use bin::{run_cli, workspace_root};
 pub use cluster::{PrivateCluster, admin_url};
 pub use database::TestDb;
 pub use grants::{Grant, assert_refused, grants_of, is_refused};
+pub use ha::{HaCluster, Node as HaNode, Replication};
 pub use net::{free_port, http};
 pub use pgbouncer::PgBouncer;
 pub use poll::{count, wait_for_count};
