@@ -6,6 +6,8 @@
 
 mod chaos;
 mod dev_cluster;
+mod failover;
+mod ha_cluster;
 mod harness;
 mod history;
 mod observability;

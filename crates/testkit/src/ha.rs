@@ -175,6 +175,34 @@ impl HaCluster {
         Ok(node)
     }
 
+    /// The primary's node dying while its standby is `stall` behind, as a
+    /// busy network or a slow standby leaves it: the primary's WAL senders
+    /// are stopped (SIGSTOP) for `stall` while writes go on, then its
+    /// postmaster and those senders get SIGKILL. With asynchronous
+    /// replication, what committed meanwhile was acknowledged on the primary
+    /// alone, and is not on the standby Patroni promotes; with synchronous
+    /// replication, those commits waited for the standby and were never
+    /// acknowledged. Returns the node it was.
+    pub async fn kill_primary_with_standby_behind(&self, stall: Duration) -> anyhow::Result<Node> {
+        let client = db::Database::parse(&self.url())?.connect("testkit").await?;
+        let senders: Vec<i32> = client
+            .query("SELECT pid FROM pg_stat_replication", &[])
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        drop(client);
+        anyhow::ensure!(
+            !senders.is_empty(),
+            "the primary has no WAL sender: no standby streams from it"
+        );
+        signal(&senders, "STOP")?;
+        tokio::time::sleep(stall).await;
+        let node = self.kill_primary_postmaster();
+        signal(&senders, "KILL")?;
+        node
+    }
+
     /// Waits until a node other than `old` is the primary (promoted, taking
     /// writes); that node.
     pub fn wait_for_new_primary(&self, old: &str, timeout: Duration) -> anyhow::Result<Node> {
@@ -293,4 +321,15 @@ mod tests {
         let database = db::Database::parse(&url_with_dbname(URL, "history")).unwrap();
         assert_eq!(database.describe(), "127.0.0.1:31002/history");
     }
+}
+
+/// `kill -<signal>` of `pids`.
+fn signal(pids: &[i32], signal: &str) -> anyhow::Result<()> {
+    let status = std::process::Command::new("kill")
+        .arg(format!("-{signal}"))
+        .args(pids.iter().map(i32::to_string))
+        .status()
+        .context("running kill")?;
+    anyhow::ensure!(status.success(), "kill -{signal} {pids:?} failed: {status}");
+    Ok(())
 }

@@ -597,12 +597,20 @@ impl Shop {
     }
 }
 
+/// How far behind the primary its standby is when the primary dies: its WAL
+/// senders are stopped this long first (testkit's
+/// `kill_primary_with_standby_behind`), as a busy network or a slow standby
+/// leaves an asynchronous one. A synchronous standby is never behind what
+/// was acknowledged: those commits wait, and get no 200.
+const STANDBY_BEHIND: Duration = Duration::from_millis(300);
+
 /// Which cluster a history runs on, and what befalls it.
 pub(crate) enum Cluster<'a> {
     /// One node: `HISTORY_CHAOS` (make soak) stops and restarts it.
     Private(&'a PrivateCluster),
     /// Patroni: the primary's postmaster is SIGKILLed in the middle of the
-    /// deliveries, and the cluster promotes a standby.
+    /// deliveries, its standby [`STANDBY_BEHIND`] behind, and the cluster
+    /// promotes the standby.
     Ha(&'a testkit::HaCluster),
 }
 
@@ -613,6 +621,8 @@ pub(crate) struct Options<'a> {
     pub chaos: bool,
     /// The retention phase and the resends after it (phase 2).
     pub retention: bool,
+    /// Orders whose events are being delivered at once.
+    pub in_flight: usize,
     pub cluster: Cluster<'a>,
 }
 
@@ -671,6 +681,7 @@ pub(crate) async fn run(options: Options<'_>) -> Run {
         seed,
         chaos,
         retention,
+        in_flight,
         cluster,
     } = options;
     let mut rng = StdRng::seed_from_u64(seed);
@@ -774,7 +785,7 @@ pub(crate) async fn run(options: Options<'_>) -> Run {
         }
     ));
     let delivering = watched.delivering(1, planned1, &log, async {
-        deliver_all(&http, &targets, &phase1, 1, 24, &log, &shop).await;
+        deliver_all(&http, &targets, &phase1, 1, in_flight, &log, &shop).await;
         done.store(true, Ordering::Release);
     });
     let chaos_loop = async {
@@ -836,13 +847,16 @@ pub(crate) async fn run(options: Options<'_>) -> Run {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let killed = ha
-            .kill_primary_postmaster()
+            .kill_primary_with_standby_behind(STANDBY_BEHIND)
+            .await
             .expect("SIGKILL of the primary's postmaster");
         let kill_us = now_us();
         disruptions.lock().unwrap().push(kill_us);
         watched.note(&format!(
-            "SIGKILL of the primary's postmaster ({}, pid {})",
-            killed.name, killed.postmaster_pid
+            "SIGKILL of the primary's postmaster ({}, pid {}), its standby {} ms behind",
+            killed.name,
+            killed.postmaster_pid,
+            STANDBY_BEHIND.as_millis()
         ));
         // An ingest's readiness while there is no primary, and just after.
         let polling = Arc::new(AtomicBool::new(true));
@@ -1002,7 +1016,7 @@ pub(crate) async fn run(options: Options<'_>) -> Run {
                 2,
                 planned2,
                 &log,
-                deliver_all(&http, &targets, &phase2, 2, 24, &log, &shop),
+                deliver_all(&http, &targets, &phase2, 2, in_flight, &log, &shop),
             )
             .await;
         // The reconciler looks at events older than 15 minutes once a minute.
@@ -1190,6 +1204,7 @@ async fn every_order_ends_as_the_domain_rules_say_whatever_the_interleaving() {
         seed,
         chaos,
         retention: true,
+        in_flight: 24,
         cluster: Cluster::Private(&cluster),
     })
     .await;
