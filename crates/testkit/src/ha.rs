@@ -282,6 +282,17 @@ fn free_port_block(len: u16) -> u16 {
     panic!("no {len} consecutive free ports on 127.0.0.1");
 }
 
+/// `kill -<signal>` of `pids`.
+fn signal(pids: &[i32], signal: &str) -> anyhow::Result<()> {
+    let status = std::process::Command::new("kill")
+        .arg(format!("-{signal}"))
+        .args(pids.iter().map(i32::to_string))
+        .status()
+        .context("running kill")?;
+    anyhow::ensure!(status.success(), "kill -{signal} {pids:?} failed: {status}");
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -321,15 +332,4 @@ mod tests {
         let database = db::Database::parse(&url_with_dbname(URL, "history")).unwrap();
         assert_eq!(database.describe(), "127.0.0.1:31002/history");
     }
-}
-
-/// `kill -<signal>` of `pids`.
-fn signal(pids: &[i32], signal: &str) -> anyhow::Result<()> {
-    let status = std::process::Command::new("kill")
-        .arg(format!("-{signal}"))
-        .args(pids.iter().map(i32::to_string))
-        .status()
-        .context("running kill")?;
-    anyhow::ensure!(status.success(), "kill -{signal} {pids:?} failed: {status}");
-    Ok(())
 }
