@@ -105,8 +105,8 @@ ttl=5
 max_lag=1099511627776
 
 say() { printf 'ha-cluster: %s\n' "$*" >&2; }
-refuse() { say "$*"; exit 1; }
-
+# shellcheck source=scripts/cluster-common.sh
+. "$(dirname "$0")/cluster-common.sh"
 case "$port" in
   '' | *[!0-9]*) say "HA_CLUSTER_PORT must be a number, not '$port'"; exit 2 ;;
 esac
@@ -172,69 +172,6 @@ find_software() {
   etcd_bin=$(command -v etcd) || refuse "could not find or install etcd"
   py=$(patroni_python)
   "$py" -c 'import etcd, psycopg2' 2>/dev/null || refuse "$py lacks python3-etcd or python3-psycopg2, which Patroni needs"
-}
-
-# The unprivileged user the servers run as, and how to run a command as it.
-run_as() {
-  if [ "$(id -u)" != 0 ]; then "$@"; return; fi
-  runuser -u "$pg_user" -- "$@"
-}
-
-pick_user() {
-  if [ "$(id -u)" != 0 ]; then pg_user=$(id -un); return; fi
-  if id postgres >/dev/null 2>&1; then pg_user=postgres; return; fi
-  pg_user=pgcluster
-  if ! id "$pg_user" >/dev/null 2>&1; then
-    say "creating system user $pg_user to run the cluster"
-    useradd --system --no-create-home --shell /usr/sbin/nologin "$pg_user"
-  fi
-}
-
-# Refuses (exit 1, one line) unless $base is a real directory (not a link),
-# owned by root or the server's user, writable by no group or other.
-check_base() {
-  local kind owner mode
-  [ ! -L "$base" ] || refuse "refusing $base: it is a symbolic link (remove it; the cluster's folder is never followed through a link)"
-  kind=$(stat -c %F -- "$base")
-  [ "$kind" = directory ] || refuse "refusing $base: it is a $kind, not a directory"
-  owner=$(stat -c %U -- "$base")
-  [ "$owner" = root ] || [ "$owner" = "$pg_user" ] || refuse "refusing $base: it is owned by $owner, not root or $pg_user (someone else made it)"
-  mode=$(stat -c %a -- "$base")
-  (((8#$mode & 8#022) == 0)) || refuse "refusing $base: it is group- or world-writable (mode $mode)"
-}
-
-# Makes (the first time) and checks $base, then leaves it mode 0700, the
-# server's user's. Only the last component is created: its parent must exist
-# and be sticky (like /tmp) or writable by no one else.
-make_base() {
-  local parent pmode
-  parent=$(dirname -- "$base")
-  [ -d "$parent" ] || refuse "refusing $base: its parent $parent does not exist"
-  pmode=$(stat -L -c %a -- "$parent")
-  if (((8#$pmode & 8#022) != 0 && (8#$pmode & 8#1000) == 0)); then
-    refuse "refusing $base: its parent $parent is writable by others and not sticky (mode $pmode)"
-  fi
-  if [ ! -e "$base" ] && [ ! -L "$base" ]; then
-    mkdir -m 0700 -- "$base" 2>/dev/null || [ -e "$base" ] || [ -L "$base" ] \
-      || refuse "could not create $base"
-  fi
-  check_base
-  if [ "$(id -u)" = 0 ]; then chown -- "$pg_user" "$base"; fi
-  chmod 0700 -- "$base"
-}
-
-exists() { [ -e "$base" ] || [ -L "$base" ]; }
-
-# put FILE MODE: stdin into FILE, written by the server's user (never by
-# root, so never through a link) and moved into place in one rename.
-put() {
-  # shellcheck disable=SC2016 # expanded by the inner bash
-  run_as bash -c 'set -euo pipefail; umask 077; rm -f -- "$1.tmp"; set -C; cat >"$1.tmp"; chmod "$2" -- "$1.tmp"; mv -f -T -- "$1.tmp" "$1"' put "$1" "$2"
-}
-
-# A new random password: 48 hex digits (no URL or YAML escaping needed).
-new_password() {
-  od -An -tx1 -N24 /dev/urandom | tr -d ' \n'
 }
 
 # secret NAME: the password kept in $base/NAME.password, read by the server's user.

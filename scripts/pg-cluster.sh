@@ -62,8 +62,8 @@ port=${PG_CLUSTER_PORT:-$((20000 + 0x${key:0:4} % 10000))}
 shown_url="postgres://postgres@127.0.0.1:$port/postgres"
 
 say() { printf 'pg-cluster: %s\n' "$*" >&2; }
-refuse() { say "$*"; exit 1; }
-
+# shellcheck source=scripts/cluster-common.sh
+. "$(dirname "$0")/cluster-common.sh"
 find_bindir() {
   local d
   if command -v pg_config >/dev/null 2>&1; then
@@ -87,73 +87,10 @@ install_server() {
   $sudo apt-get install -y -qq postgresql postgresql-contrib >&2
 }
 
-# The unprivileged user the server runs as, and how to run a command as it.
-run_as() {
-  if [ "$(id -u)" != 0 ]; then "$@"; return; fi
-  runuser -u "$pg_user" -- "$@"
-}
-
-pick_user() {
-  if [ "$(id -u)" != 0 ]; then pg_user=$(id -un); return; fi
-  if id postgres >/dev/null 2>&1; then pg_user=postgres; return; fi
-  pg_user=pgcluster
-  if ! id "$pg_user" >/dev/null 2>&1; then
-    say "creating system user $pg_user to run the cluster"
-    useradd --system --no-create-home --shell /usr/sbin/nologin "$pg_user"
-  fi
-}
-
-# Refuses (exit 1, one line) unless $base is a real directory (not a link),
-# owned by root or the server's user, writable by no group or other.
-check_base() {
-  local kind owner mode
-  [ ! -L "$base" ] || refuse "refusing $base: it is a symbolic link (remove it; the cluster's folder is never followed through a link)"
-  kind=$(stat -c %F -- "$base")
-  [ "$kind" = directory ] || refuse "refusing $base: it is a $kind, not a directory"
-  owner=$(stat -c %U -- "$base")
-  [ "$owner" = root ] || [ "$owner" = "$pg_user" ] || refuse "refusing $base: it is owned by $owner, not root or $pg_user (someone else made it)"
-  mode=$(stat -c %a -- "$base")
-  (((8#$mode & 8#022) == 0)) || refuse "refusing $base: it is group- or world-writable (mode $mode)"
-}
-
-# Makes (the first time) and checks $base, then leaves it mode 0700, the
-# server's user's. Only the last component is created: its parent must exist
-# and be sticky (like /tmp) or writable by no one else, so that no one else
-# can swap the folder once checked.
-make_base() {
-  local parent pmode
-  parent=$(dirname -- "$base")
-  [ -d "$parent" ] || refuse "refusing $base: its parent $parent does not exist"
-  pmode=$(stat -L -c %a -- "$parent")
-  if (((8#$pmode & 8#022) != 0 && (8#$pmode & 8#1000) == 0)); then
-    refuse "refusing $base: its parent $parent is writable by others and not sticky (mode $pmode)"
-  fi
-  if [ ! -e "$base" ] && [ ! -L "$base" ]; then
-    mkdir -m 0700 -- "$base" 2>/dev/null || [ -e "$base" ] || [ -L "$base" ] \
-      || refuse "could not create $base"
-  fi
-  check_base
-  if [ "$(id -u)" = 0 ]; then chown -- "$pg_user" "$base"; fi
-  chmod 0700 -- "$base"
-}
-
-# put FILE MODE: stdin into FILE, written by the server's user (never by
-# root, so never through a link the server's user could plant) and moved
-# into place in one rename.
-put() {
-  # shellcheck disable=SC2016 # expanded by the inner bash
-  run_as bash -c 'set -euo pipefail; umask 077; rm -f -- "$1.tmp"; set -C; cat >"$1.tmp"; chmod "$2" -- "$1.tmp"; mv -f -T -- "$1.tmp" "$1"' put "$1" "$2"
-}
-
 # append FILE: stdin at the end of FILE, written by the server's user.
 append() {
   # shellcheck disable=SC2016 # expanded by the inner bash
   run_as bash -c 'cat >>"$1"' append "$1"
-}
-
-# A new random admin password: 48 hex digits (no URL escaping needed).
-new_password() {
-  od -An -tx1 -N24 /dev/urandom | tr -d ' \n'
 }
 
 # The password start and url print: the one set in the server.
@@ -274,9 +211,6 @@ EOF
   if run_as test -s "$pending"; then apply_password; fi
   admin_url
 }
-
-# For the verbs that do not create it.
-exists() { [ -e "$base" ] || [ -L "$base" ]; }
 
 stop() {
   bindir=$(find_bindir)

@@ -110,14 +110,20 @@ impl PrivateCluster {
 
     /// Creates `name` in this cluster and migrates it; returns its URL.
     pub async fn migrated_database(&self, name: &str) -> anyhow::Result<String> {
-        let admin = db::Database::parse(&self.url())?;
-        let client = admin.connect("testkit").await?;
-        client.batch_execute(&format!("CREATE DATABASE {name}")).await?;
-        crate::database::secure_public_schema(&admin.with_dbname(name)).await?;
-        let mut c = admin.with_dbname(name).connect("testkit").await?;
-        db::migrate(&mut c).await?;
-        Ok(url_with_dbname(&self.url(), name))
+        migrated_database(&self.url(), name).await
     }
+}
+
+/// Creates database `name` through the admin URL `url`, makes its `public`
+/// schema safe and migrates it; returns its URL (`url`'s hosts and query).
+pub(crate) async fn migrated_database(url: &str, name: &str) -> anyhow::Result<String> {
+    let admin = db::Database::parse(url)?;
+    let client = admin.connect("testkit").await?;
+    client.batch_execute(&format!("CREATE DATABASE {name}")).await?;
+    crate::database::secure_public_schema(&admin.with_dbname(name)).await?;
+    let mut c = admin.with_dbname(name).connect("testkit").await?;
+    db::migrate(&mut c).await?;
+    Ok(url_with_dbname(url, name))
 }
 
 impl Drop for PrivateCluster {

@@ -15,7 +15,6 @@ use anyhow::Context as _;
 
 use crate::bin::script;
 use crate::net::free_port;
-use crate::url::url_with_dbname;
 
 /// How a commit reaches the standby.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,13 +124,7 @@ impl HaCluster {
     /// Creates `name` on the primary and migrates it; returns its URL (both
     /// nodes, read-write).
     pub async fn migrated_database(&self, name: &str) -> anyhow::Result<String> {
-        let admin = db::Database::parse(&self.url())?;
-        let client = admin.connect("testkit").await?;
-        client.batch_execute(&format!("CREATE DATABASE {name}")).await?;
-        crate::database::secure_public_schema(&admin.with_dbname(name)).await?;
-        let mut c = admin.with_dbname(name).connect("testkit").await?;
-        db::migrate(&mut c).await?;
-        Ok(url_with_dbname(&self.url(), name))
+        crate::cluster::migrated_database(&self.url(), name).await
     }
 
     /// The node that holds Patroni's leader key and runs as the primary;
@@ -295,8 +288,7 @@ fn signal(pids: &[i32], signal: &str) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use crate::url::{port_of, url_with_user};
+    use crate::url::{port_of, url_with_dbname, url_with_user};
 
     const URL: &str =
         "postgres://postgres:pw@127.0.0.1:31002,127.0.0.1:31003/postgres?target_session_attrs=read-write";

@@ -281,12 +281,7 @@ pub async fn replay(database: &db::Database, id: &str, json: bool) -> anyhow::Re
     if event.status != EventOutcome::Unmatched {
         return unchanged(&mut out, &event, json);
     }
-    let parsed = event
-        .payload
-        .as_deref()
-        .and_then(|payload| domain::ProviderEvent::parse(payload.as_bytes()).ok())
-        .filter(|parsed| parsed.id == event.event_id);
-    let Some(parsed) = parsed else {
+    let Some(parsed) = storage::stored_event(&event.event_id, event.payload.as_deref()) else {
         anyhow::bail!("`{}` has no stored event to replay", printable(id));
     };
     let Some(payment_id) = parsed.payment_id.clone() else {

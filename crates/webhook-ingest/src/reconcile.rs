@@ -128,12 +128,8 @@ impl Reconciler {
             let found = storage::matchable_events(&client, since, BATCH).await?;
             let mut applied_now = 0;
             for matchable in &found {
-                let event = matchable
-                    .payload
-                    .as_deref()
-                    .and_then(|payload| domain::ProviderEvent::parse(payload.as_bytes()).ok())
-                    .filter(|event| event.id == matchable.event_id);
-                let Some(event) = event else {
+                let Some(event) = storage::stored_event(&matchable.event_id, matchable.payload.as_deref())
+                else {
                     tracing::warn!(
                         event_id = %process::terminal::printable(&matchable.event_id),
                         "an unmatched event's stored payload does not parse: left for an operator"

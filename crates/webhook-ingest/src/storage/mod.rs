@@ -44,7 +44,7 @@ use tokio_postgres::types::{FromSql, Type};
 pub use record::{
     Delivery, Pending, Recorded, batchable, record_batch_span, record_event, record_events, record_span,
 };
-pub use story::{CommandRow, EventDetail, Replayed, order_commands, replay_event, show_event};
+pub use story::{CommandRow, EventDetail, Replayed, order_commands, replay_event, show_event, stored_event};
 pub use unmatched::{Matchable, UnmatchedBacklog, discard_event, matchable_events, unmatched_backlog};
 
 /// Every statement the ingest runs, for the test that prepares each against

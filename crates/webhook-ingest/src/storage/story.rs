@@ -182,6 +182,14 @@ pub struct Replayed {
     pub enqueued: i32,
 }
 
+/// The event recorded under `event_id`, parsed again from its stored
+/// `payload`; `None` when none was stored or it is another event's.
+pub fn stored_event(event_id: &str, payload: Option<&str>) -> Option<domain::ProviderEvent> {
+    payload
+        .and_then(|payload| domain::ProviderEvent::parse(payload.as_bytes()).ok())
+        .filter(|parsed| parsed.id == event_id)
+}
+
 /// Applies `event`, recorded `unmatched`, to the order that now has its
 /// payment id (`replay_event.sql`). `None` when nothing was applied: the
 /// event is no longer `unmatched` (replayed already, by this or a racing

@@ -207,6 +207,20 @@ impl TestApp {
         )
     }
 
+    /// `/metrics` of the admin port, parsed.
+    pub async fn metrics(&self) -> testkit::metrics::Metrics {
+        let text = self
+            .http
+            .get(format!("{}/metrics", self.admin_url))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        testkit::metrics::Metrics::parse(&text)
+    }
+
     pub async fn readyz(&self) -> (u16, String) {
         let r = self
             .http

@@ -20,16 +20,7 @@ const HANG: Duration = Duration::from_secs(30);
 
 /// `webhook_order_lock_waits_total`, read from the admin port.
 async fn lock_waits(app: &TestApp) -> f64 {
-    let text = app
-        .http
-        .get(format!("{}/metrics", app.admin_url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    testkit::metrics::Metrics::parse(&text).get("webhook_order_lock_waits_total", &[])
+    app.metrics().await.get("webhook_order_lock_waits_total", &[])
 }
 
 /// Posts `body` and returns its status, whether it was a replay, and its

@@ -12,16 +12,7 @@ use crate::helpers::{
 };
 
 async fn scrape(app: &TestApp) -> Metrics {
-    let text = app
-        .http
-        .get(format!("{}/metrics", app.admin_url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    Metrics::parse(&text)
+    app.metrics().await
 }
 
 /// One in-flight permit, held by a delivery waiting for its order's lock:

@@ -208,17 +208,8 @@ async fn replay(app: &TestApp, id: &str) -> (bool, String, String) {
 
 /// Events the app's reconciler applied (`webhook_unmatched_applied_total`):
 /// it races every replay below, as it would in production.
-pub async fn reconciled(app: &TestApp) -> f64 {
-    let text = app
-        .http
-        .get(format!("{}/metrics", app.admin_url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    testkit::metrics::Metrics::parse(&text).get("webhook_unmatched_applied_total", &[])
+async fn reconciled(app: &TestApp) -> f64 {
+    app.metrics().await.get("webhook_unmatched_applied_total", &[])
 }
 
 /// A payment that arrived before its order (unmatched) is applied once the

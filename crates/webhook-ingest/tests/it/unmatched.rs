@@ -6,26 +6,12 @@
 use std::time::{Duration, Instant};
 
 use testkit::Role;
-use testkit::metrics::Metrics;
 
 use crate::helpers::{TestApp, event, spawn_app, spawn_app_on};
 
 fn ingest_cli(app: &TestApp, args: &[&str]) -> (bool, String, String) {
     let url = app.db.as_ref().unwrap().url_as(Role::Ingest);
     testkit::run_cli(env!("CARGO_BIN_EXE_webhook-ingest"), &url, args)
-}
-
-async fn metrics(app: &TestApp) -> Metrics {
-    let text = app
-        .http
-        .get(format!("{}/metrics", app.admin_url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    Metrics::parse(&text)
 }
 
 async fn status_of(app: &TestApp, id: &str) -> String {
@@ -113,7 +99,7 @@ async fn payments_before_their_orders_are_applied_by_themselves_once_the_order_e
     // Applied once each, whatever else looks: nothing more after more sweeps.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert_eq!(app.count("SELECT count(*) FROM outbox").await, 5);
-    let m = metrics(&app).await;
+    let m = app.metrics().await;
     assert_eq!(m.get("webhook_unmatched_applied_total", &[]), 3.0);
 }
 
@@ -153,7 +139,7 @@ async fn an_unmatched_event_past_the_horizon_waits_for_an_operator_and_is_counte
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert_eq!(status_of(&app, "evt_old").await, "unmatched");
     assert_eq!(app.order_status(51).await, "pending");
-    let m = metrics(&app).await;
+    let m = app.metrics().await;
     assert_eq!(m.get("webhook_unmatched_past_horizon_events", &[]), 1.0);
     let age = m.get("webhook_unmatched_oldest_age_seconds", &[]);
     assert!((73.0 * 3600.0..74.0 * 3600.0).contains(&age), "{age}");
