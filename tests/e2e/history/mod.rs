@@ -895,6 +895,28 @@ pub(crate) async fn run(options: Options<'_>) -> Run {
     watched
         .until_drained(&client, "phase 1", Duration::from_secs(120))
         .await;
+    if let Cluster::Ha(_) = cluster {
+        // The relays' LISTEN connections found the new primary too (their
+        // claims alone would also come from polling).
+        let started = Instant::now();
+        loop {
+            let listening = testkit::count(
+                &client,
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE application_name = 'outbox-relay-listen' AND datname = current_database()",
+            )
+            .await;
+            if listening == 2 {
+                watched.note("both relays LISTEN on the new primary");
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "{listening} relays of 2 LISTEN on the new primary 30 s after the failover"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
     let phase1_end: i64 = client
         .query_one("SELECT last_value FROM history_seq", &[])
         .await
