@@ -51,7 +51,8 @@ test: build
 ## no acknowledged event lost, no double effect, every per-order rule; then
 ## asynchronous: the acknowledged events it lost (FAILOVER_ASYNC_RUNS runs).
 ## Prints the window with no 200 and the relays' first claim after the kill.
-## About two minutes; CI runs it after `make test`.
+## Then ha_cluster: raw writes through the same kill, none lost. About two
+## and a half minutes; CI runs it after `make test` (tests/e2e/failover.rs).
 failover: build
 	cargo test -p e2e --test e2e -- --ignored --nocapture --test-threads 1 failover ha_cluster
 
