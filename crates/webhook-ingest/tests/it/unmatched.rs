@@ -222,3 +222,68 @@ async fn an_operator_discards_an_unmatched_event_with_a_reason_and_it_is_kept() 
     let (ok, _, err) = ingest_cli(&app, &["events", "discard", "evt_nowhere", "--reason", "x"]);
     assert!(!ok && err.contains("no event `evt_nowhere` recorded"), "{err}");
 }
+
+/// The reconciler's statements keep to the partial index of unmatched
+/// events on a just-migrated database, planned generically as the ingest's
+/// sessions plan them (no statistics yet): their cost is the unmatched
+/// events, never the table. The oldest unmatched event is the index's first
+/// entry (a `Limit`), not a `min()` that reads every entry.
+#[tokio::test]
+async fn the_reconcilers_statements_walk_the_unmatched_index_on_a_fresh_database() {
+    let db = testkit::TestDb::new().await;
+    let client = db.client().await;
+    client
+        .batch_execute("SET plan_cache_mode = force_generic_plan")
+        .await
+        .unwrap();
+    let explain = |name: &str, sql: &str, args: &str| {
+        let text = format!(
+            "PREPARE {name} AS {sql}; EXPLAIN EXECUTE {name}({args});",
+            sql = sql
+                .lines()
+                .filter(|l| !l.starts_with("--"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        let client = &client;
+        async move {
+            let messages = client.simple_query(&text).await.unwrap();
+            messages
+                .iter()
+                .filter_map(|m| match m {
+                    tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+                .join("\n")
+        }
+    };
+    let matchable = explain(
+        "matchable",
+        include_str!("../../src/storage/matchable_events.sql"),
+        "now() - interval '1 hour', 200",
+    )
+    .await;
+    assert!(!matchable.contains("Seq Scan"), "{matchable}");
+    assert!(
+        matchable.contains("processed_events_unmatched_idx"),
+        "{matchable}"
+    );
+    let backlog = explain(
+        "backlog",
+        include_str!("../../src/storage/unmatched_backlog.sql"),
+        "now() - interval '72 hours', 10000",
+    )
+    .await;
+    assert!(!backlog.contains("Seq Scan"), "{backlog}");
+    assert_eq!(
+        backlog.matches("processed_events_unmatched_idx").count(),
+        2,
+        "{backlog}"
+    );
+    assert_eq!(
+        backlog.matches("Limit").count(),
+        2,
+        "the oldest as the first entry: {backlog}"
+    );
+}
