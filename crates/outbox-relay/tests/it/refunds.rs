@@ -4,21 +4,34 @@ use std::time::{Duration, Instant};
 
 use crate::helpers::env;
 
-/// Claimed in the same batch as a call that is slow, a shipment waits for the
-/// relay's only call slot; its order is refunded meanwhile (the ingest
-/// cancels the row and leaves the lease). It was not yet under way: it is
-/// never sent, and its lease ends with its attempt undone.
+/// Claimed while a slow call holds the relay's only call slot, a shipment
+/// waits for it; its order is refunded meanwhile (the ingest cancels the row
+/// and leaves the lease). It was not yet under way: it is never sent, and
+/// its lease ends with its attempt undone.
+///
+/// The shipment falls due 300 ms after the confirmation, so it is claimed
+/// after the confirmation's call took the slot. (Claimed in one batch, the
+/// two rows' tasks race for the slot, and a shipment served first, its
+/// `done` not yet recorded, looked to this test like one still waiting.)
 #[tokio::test]
 async fn a_shipment_cancelled_while_it_waits_for_a_call_slot_is_not_sent() {
     let env = env().await;
     env.set_latency("1000").await;
     env.enqueue("send_confirmation", 1, "evt_1").await;
     let waiting = env.enqueue("ship_order", 2, "evt_2").await;
+    env.client
+        .execute(
+            "UPDATE outbox SET available_at = now() + interval '300 milliseconds' WHERE id = $1",
+            &[&waiting],
+        )
+        .await
+        .unwrap();
     let _relay = env.spawn_relay(&[
         ("RELAY_CONCURRENCY", "1"),
         ("RELAY_BATCH_SIZE", "10"),
         ("RELAY_LEASE_SECS", "20"),
         ("RELAY_HTTP_TIMEOUT_MS", "5000"),
+        ("RELAY_POLL_INTERVAL_MS", "50"),
     ]);
     // Both claimed; the confirmation's call is being served.
     let started = Instant::now();
