@@ -89,6 +89,16 @@ ALTER ROLE ingest_app SET client_connection_check_interval = '250ms';
 --   not wait for the WAL flush.
 ALTER ROLE relay_app SET statement_timeout = '30s';
 ALTER ROLE relay_app SET synchronous_commit = off;
+--   both services reach every row by a key or an index: a plan made while a
+--   table was new (never analyzed, costed as ten pages) would otherwise
+--   scan or hash it whole, and a cached plan keeps doing so as it grows
+--   (docs/ARCHITECTURE.md, "Plans that do not depend on statistics").
+ALTER ROLE ingest_app SET enable_seqscan = off;
+ALTER ROLE ingest_app SET enable_hashjoin = off;
+ALTER ROLE ingest_app SET enable_mergejoin = off;
+ALTER ROLE relay_app SET enable_seqscan = off;
+ALTER ROLE relay_app SET enable_hashjoin = off;
+ALTER ROLE relay_app SET enable_mergejoin = off;
 --   the relay's prune: it compresses the full-page images of its WAL (most
 --   of what deleting old rows writes, which the ingest's commits wait
 --   behind) when its group may set wal_compression: PostgreSQL 15 and later,

@@ -40,7 +40,7 @@ mod tls;
 mod url;
 
 pub use cancel::Canceller;
-pub use connect::{ConnectOptions, Database, SEARCH_PATH};
+pub use connect::{ConnectOptions, Database, INDEX_PATHS, SEARCH_PATH};
 pub use error::is_connectivity_error;
 pub use migrate::{SchemaStatus, UnsafeSchema, migrate, schema_status};
 pub use pool::{Client, Pool, PoolError, PoolMode, PoolStatus};

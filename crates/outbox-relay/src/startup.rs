@@ -48,6 +48,7 @@ impl Application {
             // what lets one relay keep up with a queue peer (make bench).
             asynchronous_commit: true,
             generic_plans: false,
+            index_paths: true,
             pool_size: pool_size as usize,
             pool_wait: Duration::from_secs(5),
         });

@@ -379,6 +379,7 @@ mod tests {
             abort_when_client_leaves: false,
             asynchronous_commit: false,
             generic_plans: false,
+            index_paths: false,
             pool_size: 3,
             pool_wait: std::time::Duration::from_millis(10),
         });

@@ -16,6 +16,8 @@
 //! - [`ha`]: [`HaCluster`], a high-availability cluster of a test's own
 //!   (Patroni, etcd, two nodes) whose primary it can kill.
 //! - [`pgbouncer`]: [`PgBouncer`], a transaction-mode pooler in front of a cluster.
+//! - [`plans`]: a statement's generic plan on a just-migrated database, as a
+//!   service's session makes it, and the table reads in it that are not index probes.
 //! - [`url`]: `postgres://` URLs as another user, database or port.
 //! - [`net`]: a [`free_port`] and an [`http`] client.
 //! - [`poll`]: [`count`] rows, and [`wait_for_count`] until another process
@@ -37,6 +39,7 @@ pub mod ha;
 pub mod metrics;
 pub mod net;
 pub mod pgbouncer;
+pub mod plans;
 pub mod poll;
 pub mod process;
 pub mod roles;

@@ -56,6 +56,7 @@ impl Application {
             // Its statements have the same shape every time (the batch's arrays
             // would otherwise be planned on every execution): see db::ConnectOptions.
             generic_plans: true,
+            index_paths: true,
             pool_size: settings.database_pool_size as usize,
             pool_wait: deadline,
         });

@@ -57,6 +57,7 @@ pub fn prune_connect_options() -> db::ConnectOptions {
         abort_when_client_leaves: false,
         asynchronous_commit: false,
         generic_plans: false,
+        index_paths: true,
         pool_size: 1,
         pool_wait: Duration::from_secs(5),
     }

@@ -57,6 +57,7 @@ async fn env(rows: i64, flags: &[&str]) -> Env {
         abort_when_client_leaves: false,
         asynchronous_commit: true,
         generic_plans: false,
+        index_paths: false,
         pool_size: 4,
         pool_wait: Duration::from_secs(5),
     });

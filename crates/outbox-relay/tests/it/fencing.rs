@@ -17,6 +17,7 @@ fn pool(env: &Env) -> db::Pool {
             abort_when_client_leaves: false,
             asynchronous_commit: false,
             generic_plans: false,
+            index_paths: false,
             pool_size: 1,
             pool_wait: Duration::from_secs(5),
         })

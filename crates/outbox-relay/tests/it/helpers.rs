@@ -80,6 +80,7 @@ impl Env {
             abort_when_client_leaves: false,
             asynchronous_commit: true,
             generic_plans: false,
+            index_paths: false,
             pool_size: 4,
             pool_wait: Duration::from_secs(5),
         });

@@ -17,6 +17,7 @@ mod network;
 mod notify;
 mod ops;
 mod oversized;
+mod plans;
 mod refunds;
 mod retries;
 mod roles;

@@ -136,6 +136,7 @@ fn pool(url: &str) -> db::Pool {
         abort_when_client_leaves: false,
         asynchronous_commit: true,
         generic_plans: false,
+        index_paths: false,
         pool_size: 1,
         pool_wait: Duration::from_secs(5),
     })

@@ -43,8 +43,11 @@ WITH params AS MATERIALIZED (
     SELECT fresh.n, order_locked.id AS order_id,
            fresh.plan -> coalesce(order_locked.status, 'no_order') AS step
     FROM fresh LEFT JOIN order_locked ON order_locked.n = fresh.n
+    -- OFFSET 0: a probe of the payment id's index per event, never a hash of
+    -- every order (which a plan made while the table looked small would keep).
     WHERE order_locked.n IS NOT NULL
-       OR NOT EXISTS (SELECT FROM public.orders AS orders WHERE orders.payment_id = fresh.payment_id)
+       OR NOT EXISTS (SELECT FROM public.orders AS orders WHERE orders.payment_id = fresh.payment_id
+                      OFFSET 0)
 ), claim AS (
     -- The ids claimed by inserting them, in id order; a conflict is a
     -- delivery that raced the first (record_event.sql).

@@ -15,6 +15,7 @@ mod metrics;
 mod openapi;
 mod outage;
 mod outcomes;
+mod plans;
 mod roles;
 mod shutdown;
 mod signatures;

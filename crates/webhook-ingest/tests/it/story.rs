@@ -388,6 +388,7 @@ async fn replays_released_together_apply_the_event_once() {
             abort_when_client_leaves: false,
             asynchronous_commit: false,
             generic_plans: false,
+            index_paths: false,
             pool_size: 8,
             pool_wait: std::time::Duration::from_secs(10),
         });

@@ -1,0 +1,81 @@
+//! The ingest's statements reach every row by an index on a just-migrated
+//! database, planned generically in a session set as the ingest's pool
+//! (testkit::plans): their cost per event never grows with the tables, from
+//! the first request of a fresh deploy on, whatever statistics a pooled
+//! connection planned with.
+
+use testkit::plans::{generic_plan, service_session, whole_table_reads};
+
+/// `n` NULL arguments: a generic plan does not depend on the values.
+fn nulls(n: usize) -> String {
+    vec!["NULL"; n].join(", ")
+}
+
+#[tokio::test]
+async fn the_recording_statements_probe_indexes_on_a_fresh_database() {
+    let db = testkit::TestDb::new().await;
+    let client = service_session(&db).await;
+    for (name, sql, params) in [
+        (
+            "batch",
+            include_str!("../../src/storage/record_events_batch.sql"),
+            7,
+        ),
+        ("event", include_str!("../../src/storage/record_event.sql"), 7),
+        (
+            "stopping",
+            include_str!("../../src/storage/record_event_stopping_shipment.sql"),
+            9,
+        ),
+        ("replay", include_str!("../../src/storage/replay_event.sql"), 6),
+        (
+            "claim_only",
+            include_str!("../../src/storage/record_claim_only.sql"),
+            5,
+        ),
+    ] {
+        let plan = generic_plan(&client, name, sql, &nulls(params)).await;
+        let reads = whole_table_reads(&plan);
+        assert!(reads.is_empty(), "{name}: {reads:#?}\n{plan}");
+    }
+}
+
+/// The reconciler's statements keep to the partial index of unmatched
+/// events: their cost is the unmatched events, never the table. The oldest
+/// unmatched event is the index's first entry (a `Limit`), not a `min()`
+/// that reads every entry.
+#[tokio::test]
+async fn the_reconcilers_statements_walk_the_unmatched_index_on_a_fresh_database() {
+    let db = testkit::TestDb::new().await;
+    let client = service_session(&db).await;
+    let matchable = generic_plan(
+        &client,
+        "matchable",
+        include_str!("../../src/storage/matchable_events.sql"),
+        "now() - interval '1 hour', 200",
+    )
+    .await;
+    assert!(whole_table_reads(&matchable).is_empty(), "{matchable}");
+    assert!(
+        matchable.contains("processed_events_unmatched_idx"),
+        "{matchable}"
+    );
+    let backlog = generic_plan(
+        &client,
+        "backlog",
+        include_str!("../../src/storage/unmatched_backlog.sql"),
+        "now() - interval '72 hours', 10000",
+    )
+    .await;
+    assert!(whole_table_reads(&backlog).is_empty(), "{backlog}");
+    assert_eq!(
+        backlog.matches("processed_events_unmatched_idx").count(),
+        2,
+        "{backlog}"
+    );
+    assert_eq!(
+        backlog.matches("Limit").count(),
+        2,
+        "the oldest as the first entry: {backlog}"
+    );
+}
