@@ -121,7 +121,7 @@ db-stop:
 	@scripts/pg-cluster.sh stop
 
 ## The benchmark (docs/BENCHMARK.md): report.{json,md} and plots in target/bench.
-## Prints each phase as it starts ([3/12] relay ...) and its time. BENCH_QUICK=1
-## for a short run (under 3 minutes); see scripts/bench/__init__.py.
+## Prints each phase as it starts ([4/14] relay ...) and its time. BENCH_QUICK=1
+## for a short run (about 5 minutes); see scripts/bench/__init__.py.
 bench: release
 	scripts/with-db.sh env PYTHONPATH=scripts python3 -m bench

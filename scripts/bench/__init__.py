@@ -1,10 +1,10 @@
 """`make bench`: the benchmark report of docs/BENCHMARK.md, measured in ONE run on ONE
 Postgres server (DATABASE_URL, an admin URL allowed to CREATE DATABASE).
 
-    make bench                  # full: about 9 minutes
-    BENCH_QUICK=1 make bench    # quick: under 3 minutes, smaller sizes, same keys
+    make bench                  # full: about 15 minutes
+    BENCH_QUICK=1 make bench    # quick: about 5 minutes, smaller sizes, same keys
 
-What it does, in order (each phase is announced as it starts, `[4/12] relay
+What it does, in order (each phase is announced as it starts, `[4/14] relay
 ...`, and ends with its wall time, which the report keeps):
 
  1. setup     databases bench_product (migrated, 1M orders, some history),
@@ -39,6 +39,15 @@ What it does, in order (each phase is announced as it starts, `[4/12] relay
               the time budget cannot generate is cut, and the report says so.
  10. backlog  the relay's backlog gauge statement with 3M pending rows
               (quick: 300k): its median time.
+ 11. fresh    a just-migrated database (bench_fresh): a new ingest at 64
+              senders for its first 15 s, then the same on that database with
+              the usual history (fresh / steady); a new relay over the backlog
+              of the first run's payments (first tenth of the rows against the
+              last).
+ 12. outage   500,000 rows due at once after a downstream outage, on six days
+              of processed events and done outbox rows (1M each; quick: 100k
+              each): a new relay drains them (first tenth against the last);
+              graphile-worker over as many no-op jobs (full runs).
 
 While working on one phase: BENCH_PHASES=prune (a comma-separated list; setup
 always runs) and BENCH_PEAK_RPS=<req/s> in place of the ingest phase's peak.
@@ -62,7 +71,8 @@ Layout:
   services    the downstream, the ingest and the relay as processes
   load        `simulator provider` runs and their summaries
   runner      the phases in order, their errors and wall times
-  prepare, ingest, relay, peer, e2e, db_cpu, tracing, relay_log, prune, growth
+  prepare, ingest, relay, peer, e2e, db_cpu, tracing, relay_log, prune, growth,
+  backlog, fresh, outage
               one module per phase (ingest also has the half-load phase)
   report      targets, tables, report.json and report.md
   plots       the PNG plots report.md links (run in the venv)

@@ -39,6 +39,11 @@ if QUICK:
         prune_events=50_000,
         prune_timeout_secs=90,
         product_history=5_000,
+        fresh_secs=15.0,
+        outage_due_rows=500_000,
+        outage_history_events=100_000,
+        outage_done_rows=100_000,
+        outage_peer=False,
         budget_secs=185,  # db_cpu takes about 45 s of it, the c64 pairs about 20 s, e2e 20 s
     )
 else:
@@ -61,6 +66,11 @@ else:
         prune_events=1_000_000,
         prune_timeout_secs=600,
         product_history=50_000,
+        fresh_secs=15.0,
+        outage_due_rows=500_000,
+        outage_history_events=1_000_000,
+        outage_done_rows=1_000_000,
+        outage_peer=True,
         budget_secs=730,  # db_cpu takes about 90 s of it, the c64 pairs about 60 s, e2e 40 s
     )
 if os.environ.get("BENCH_SECS"):
@@ -83,6 +93,7 @@ E2E_LOAD_ORDER0 = 995_000
 HISTORY_ORDER0 = 5_000_000
 DRAIN_ORDER0 = 20_000_000
 PRUNE_ORDER0 = 40_000_000
+OUTAGE_ORDER0 = 60_000_000
 # The prune phase's old rows are this old; the prune runs with the default retention.
 PRUNE_AGE_DAYS = 30
 RETENTION_DAYS = 7

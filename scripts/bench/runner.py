@@ -9,7 +9,7 @@ import os
 import time
 import traceback
 
-from . import backlog, db_cpu, e2e, growth, ingest, peer, prepare, prune, relay, relay_log, tracing
+from . import backlog, db_cpu, e2e, fresh, growth, ingest, outage, peer, prepare, prune, relay, relay_log, tracing
 from .config import CONCURRENCIES, CFG, LOGS, ONLY, T0, BenchError, log
 from .db import Db, Product, Reference
 from .services import Service, Services
@@ -29,6 +29,8 @@ PHASES = [
     ("prune", prune.run),
     ("growth", growth.run),
     ("backlog", backlog.run),
+    ("fresh", fresh.run),
+    ("outage", outage.run),
 ]
 
 
@@ -121,9 +123,9 @@ class Bench:
     def drop_databases(self) -> None:
         """The growth history is gigabytes: the databases go unless BENCH_KEEP=1."""
         if os.environ.get("BENCH_KEEP", "") not in ("", "0"):
-            log("BENCH_KEEP: keeping bench_product, bench_ref and bench_peer")
+            log("BENCH_KEEP: keeping bench_product, bench_ref, bench_peer and bench_fresh")
             return
-        for name in (Product.DB, Reference.DB, "bench_peer"):
+        for name in (Product.DB, Reference.DB, "bench_peer", fresh.FreshDb.DB):
             try:
                 self.db.sql_admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)", timeout=120)
             except BenchError as e:
