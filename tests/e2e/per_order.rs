@@ -222,6 +222,7 @@ async fn a_shipment_that_was_performed_is_recorded_done_even_when_a_refund_lands
             abort_when_client_leaves: false,
             asynchronous_commit: false,
             generic_plans: false,
+            index_paths: false,
             pool_size: 1,
             pool_wait: Duration::from_secs(5),
         });
