@@ -47,7 +47,13 @@ impl Application {
             // which the downstream absorbs. Not waiting for the WAL flush is
             // what lets one relay keep up with a queue peer (make bench).
             asynchronous_commit: true,
-            generic_plans: false,
+            // One plan per statement, made once per connection: a custom
+            // plan is made on every execution (planning costs as much as a
+            // batch's work), and sees the arrays' lengths: past a few hundred
+            // verdicts on a table of 15,000 rows, the completion's custom
+            // plan (without index_paths) was a Seq Scan of the outbox nested
+            // with the verdicts (0.5 ms per row recorded instead of 0.012).
+            generic_plans: true,
             index_paths: true,
             pool_size: pool_size as usize,
             pool_wait: Duration::from_secs(5),

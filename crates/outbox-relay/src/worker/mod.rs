@@ -3,15 +3,20 @@
 //! ```text
 //!  claimer ──claim batch──▶ row tasks (≤ RELAY_CONCURRENCY calls in flight) ──verdict──▶ recorder
 //!     ▲  wakes on NOTIFY, a poll tick, or room freed                                     │
-//!     └──────────────────── room freed (rows recorded) ◀─────────────────────────────────┘
+//!     └──────────────────── room freed (calls ended; rows recorded) ◀────────────────────┘
 //! ```
 //!
-//! - The claimer holds at most `RELAY_CONCURRENCY + RELAY_BATCH_SIZE` rows: the
-//!   calls in flight plus one batch waiting for a slot, so a slot never waits
-//!   for a claim round trip, and no more rows are leased than can be sent
-//!   well within their lease.
+//! - The claimer holds at most `RELAY_CONCURRENCY + RELAY_BATCH_SIZE` rows
+//!   still to be sent: the calls in flight plus one batch waiting for a slot,
+//!   so a slot never waits for a claim round trip, and no more rows are leased
+//!   than can be sent well within their lease. It claims once half a batch of
+//!   room is free (not for each call that ends), so each claim carries half a
+//!   batch or more.
 //! - Verdicts are recorded in batches by one recorder: one statement per batch
-//!   instead of one per row.
+//!   instead of one per row, spaced by at least `RECORD_SPACING` on a busy
+//!   relay so that each carries what arrived meanwhile. A row's room among
+//!   those to send is freed when its call ends; every held row, recorded or
+//!   not, is bounded too (`RELAY_CONCURRENCY + 5 * RELAY_BATCH_SIZE`).
 //! - Shutdown: the claimer stops; rows not yet started are released (back to
 //!   pending, due now, their attempt undone); calls in flight finish (each
 //!   bounded by the HTTP timeout) and are recorded; then the loop returns.

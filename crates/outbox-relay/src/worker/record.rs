@@ -5,7 +5,10 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// The least time between two recording statements of a busy relay.
+const RECORD_SPACING: Duration = Duration::from_millis(5);
 
 use domain::OutboxStatus;
 use tokio::sync::mpsc;
@@ -63,7 +66,25 @@ impl Relay {
     ) {
         let max = (self.config.batch_size as usize).max(1) * 2;
         let mut batch = Vec::with_capacity(max);
+        let mut last = Instant::now() - RECORD_SPACING;
         while rx.recv_many(&mut batch, max).await > 0 {
+            // Under load, verdicts arrive one by one as calls end: the
+            // statements are spaced (like the claims) so that each records
+            // what arrived meanwhile, up to `max`; on a quiet relay the
+            // previous statement is long past and this one runs at once.
+            let until = last + RECORD_SPACING;
+            while batch.len() < max {
+                let now = Instant::now();
+                if now >= until {
+                    break;
+                }
+                let left = max - batch.len();
+                match tokio::time::timeout(until - now, rx.recv_many(&mut batch, left)).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            }
+            last = Instant::now();
             let n = batch.len();
             let mut attempt = 0u32;
             loop {

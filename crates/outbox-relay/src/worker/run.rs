@@ -88,7 +88,18 @@ impl Relay {
         F: Future<Output = Settled> + Send + 'static,
     {
         let concurrency = self.config.concurrency as usize;
-        let max_held = concurrency + self.config.batch_size as usize;
+        let batch = self.config.batch_size as usize;
+        // Rows still to be sent (waiting for a slot or in a call): what the
+        // lease must cover, so bounded as before.
+        let max_sending = concurrency + batch;
+        // Every held row, its verdict not yet recorded too: a backstop in
+        // case the recorder falls behind.
+        let max_held = max_sending + 4 * batch;
+        // Claim once this much room is free (or nothing else is held), so
+        // that claims carry about half a batch or more rather than the
+        // handful of rows one call's end frees.
+        let low_water = (batch / 2).max(1);
+        let sending = Arc::new(AtomicUsize::new(0));
         let held = Arc::new(AtomicUsize::new(0));
         let calls = Arc::new(Semaphore::new(concurrency));
         let (settled_tx, settled_rx) = mpsc::unbounded_channel::<Settled>();
@@ -102,8 +113,10 @@ impl Relay {
         let mut idle_tick = false;
 
         while !shutdown.is_cancelled() {
-            let room = max_held.saturating_sub(held.load(Ordering::Acquire));
-            if room == 0 {
+            let room = max_sending
+                .saturating_sub(sending.load(Ordering::Acquire))
+                .min(max_held.saturating_sub(held.load(Ordering::Acquire)));
+            if room == 0 || (room < low_water && sending.load(Ordering::Acquire) > 0) {
                 tokio::select! {
                     _ = self.wake.notified() => {}
                     _ = shutdown.cancelled() => break,
@@ -133,8 +146,10 @@ impl Relay {
             };
             let got = rows.len();
             held.fetch_add(got, Ordering::AcqRel);
+            sending.fetch_add(got, Ordering::AcqRel);
             for row in rows {
                 let relay = self.clone();
+                let sending = sending.clone();
                 let calls = calls.clone();
                 let settled_tx = settled_tx.clone();
                 let shutdown = shutdown.clone();
@@ -161,6 +176,13 @@ impl Relay {
                         None => Settled::released(row),
                     };
                     let _ = settled_tx.send(settled);
+                    // Its room among the rows to send is free now (its
+                    // verdict is the recorder's); the claimer is woken when
+                    // the room reaches the low-water mark, not per row.
+                    let before = sending.fetch_sub(1, Ordering::AcqRel);
+                    if before + low_water == max_sending + 1 || before == 1 {
+                        relay.wake.notify_one();
+                    }
                 });
             }
             if got == want {

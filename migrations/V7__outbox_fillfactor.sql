@@ -1,0 +1,11 @@
+-- Room on each page for every row's claim to stay on its page (a HOT update:
+-- no index entry written, no row moved). At fillfactor 70 a page took about
+-- 19 rows of the bench's size (about 270 bytes) and kept room for 8 new
+-- versions, so a claim of a page's rows updated 8 of them in place and moved
+-- the rest: three index entries (primary key, idempotency key, due index) and
+-- a lock record for each row moved. At 50 a claim of every row of a page
+-- stays on it (measured on 10,000-row drains: every claim HOT against half
+-- of them, 2.9 index entries per row against 4.4, 695 bytes of WAL per row
+-- against 940). Only pages written from now on are filled to 50%: the rows
+-- already there keep theirs until retention removes them.
+ALTER TABLE outbox SET (fillfactor = 50);
