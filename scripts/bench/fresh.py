@@ -43,6 +43,7 @@ from .cpu_split import Split, brief, per_unit
 from .db import Product, Session
 from .load import provider_run, summary_brief
 from .prune import db_counters
+from .relay import follow_drain
 
 if TYPE_CHECKING:
     from .runner import Bench
@@ -152,36 +153,24 @@ def drain_backlog(bench: Bench, database: str, tag: str, timeout: float) -> dict
         starter = threading.Thread(target=start, daemon=True)
         t0 = time.monotonic()
         starter.start()
-        curve = [[0.0, 0]]
         # What autovacuum worked on, and when (seconds since the spawn): its
         # CPU and I/O come out of the same two cores.
         autovacuum: dict[str, list[float]] = {}
-        next_check = 0.0
-        while True:
-            effects = bench.services.stats()["effects"]
-            now = time.monotonic() - t0
-            curve.append([round(now, 3), effects])
-            if now >= next_check:  # once a second
-                next_check = now + 1.0
+        next_check = [0.0]
+
+        def tick(now: float) -> None:
+            if started and isinstance(started[0], Exception):
+                raise started[0]
+            if now >= next_check[0]:  # once a second
+                next_check[0] = now + 1.0
                 for what in session.query("SELECT query FROM pg_stat_activity "
                                           "WHERE backend_type = 'autovacuum worker' AND datname = current_database();"):
                     autovacuum.setdefault(what, [round(now, 1), 0.0])[1] = round(now, 1)
-            if effects >= rows:
-                break
-            if started and isinstance(started[0], Exception):
-                raise started[0]
-            if now > timeout:
-                raise BenchError(f"{tag}: {effects:,} of {rows:,} effects after {timeout:.0f}s")
-            time.sleep(0.02)
-        pending = rows
-        while time.monotonic() - t0 < timeout:
-            pending = int(session.query("SELECT count(*) FROM outbox WHERE status = 'pending';")[0])
-            if not pending:
-                break
-            time.sleep(0.005)
+
+        curve, _, effects, pending = follow_drain(bench, session, rows, t0, t0 + timeout, tick=tick)
         t_end = time.monotonic() - t0
         if pending:
-            raise BenchError(f"{tag}: {pending:,} rows still pending after {timeout:.0f}s")
+            raise BenchError(f"{tag}: {effects:,} of {rows:,} effects, and rows still pending, after {timeout:.0f}s")
         st = bench.services.stats()
         db1 = db_counters(bench)
     finally:

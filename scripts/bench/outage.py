@@ -29,17 +29,14 @@ are no-ops where each of the relay's rows is an HTTP call: read it beside
 
 from __future__ import annotations
 
-import subprocess
 import time
 from typing import TYPE_CHECKING
 
-from .common import PROCS, clean_env
-from .config import CFG, LOGS, OUT, OUTAGE_ORDER0, TRACEPARENT, BenchError, log
+from .config import CFG, OUTAGE_ORDER0, TRACEPARENT, BenchError, log
 from .db import Product
 from .fresh import drain_backlog
 from .history import generate, history_events_sql, history_outbox_sql
-from .load import parse_summary
-from .services import read_line
+from .peer import drain as peer_drain
 
 if TYPE_CHECKING:
     from .runner import Bench
@@ -99,28 +96,6 @@ SELECT pg_size_pretty(pg_total_relation_size('processed_events')) || ' / '
     return out
 
 
-def peer_drain(bench: Bench, jobs: int) -> dict:
-    """graphile-worker over `jobs` no-op jobs queued at once (peer.py's drain,
-    with this phase's count and no CPU split)."""
-    p = PROCS.popen("peer-outage", ["node", "peer.js", "--jobs", jobs, "--concurrency", 24, "--wait"],
-                    cwd=OUT / "peer", env=clean_env({"DATABASE_URL": bench.db.url("bench_peer")}),
-                    text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        line = read_line(p, timeout=300)
-        assert p.stdin
-        p.stdin.write("go\n")
-        p.stdin.flush()
-        out, err = p.communicate(timeout=600)
-    except subprocess.TimeoutExpired:
-        raise BenchError("peer-outage did not finish within 600s")
-    finally:
-        PROCS.stop(p)
-    (LOGS / "peer-outage.log").write_text(line + out + err)
-    if p.returncode != 0:
-        raise BenchError(f"peer-outage exited {p.returncode}: {(err or out).strip()[-2000:]}")
-    return parse_summary(out, "peer-outage")
-
-
 def run(bench: Bench) -> None:
     for relay in bench.relays:  # a relay of another phase would drain the rows too
         if relay.p.poll() is None:
@@ -133,7 +108,7 @@ def run(bench: Bench) -> None:
     r["relay_drain_flatness_outage"] = drain["flatness"]
     bench.details["outage"] = {"made": made, "relay_drain": drain}
     if CFG["outage_peer"] and not bench.peer_error:
-        peer = peer_drain(bench, made["due_rows"])
+        peer = peer_drain(bench, "peer-outage", [], {}, jobs=made["due_rows"])
         bench.details["outage"]["peer"] = peer
         r["peer_outage_jobs_per_s"] = peer["jobs_per_s"]
         log(f"  peer over as many no-op jobs: {peer['jobs']:,} jobs queued in {peer['queue_seconds']}s, drained "

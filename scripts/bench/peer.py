@@ -19,14 +19,15 @@ if TYPE_CHECKING:
 PEER_DB = "bench_peer"
 
 
-def drain(bench: Bench, tag: str, extra: list, pids: dict[str, int]) -> dict:
-    """One peer run: its jobs queued, then drained inside a CPU split."""
-    jobs = CFG["peer_jobs"]
+def drain(bench: Bench, tag: str, extra: list, pids: dict[str, int], jobs: int | None = None) -> dict:
+    """One peer run: its jobs (`peer_jobs` unless given) queued, then drained
+    inside a CPU split."""
+    jobs = jobs or CFG["peer_jobs"]
     args = ["node", "peer.js", "--jobs", jobs, "--concurrency", 24, "--wait", *extra]
     p = PROCS.popen(tag, args, cwd=OUT / "peer", env=clean_env({"DATABASE_URL": bench.db.url(PEER_DB)}),
                     text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        line = read_line(p, timeout=120)
+        line = read_line(p, timeout=300)
         if '"queued"' not in line:
             out, err = p.communicate(timeout=10)
             raise BenchError(f"{tag}: expected its queued line, got {line!r}: {(err or out)[-1000:]}")
@@ -34,10 +35,10 @@ def drain(bench: Bench, tag: str, extra: list, pids: dict[str, int]) -> dict:
         assert p.stdin
         p.stdin.write("go\n")
         p.stdin.flush()
-        out, err = p.communicate(timeout=300)
+        out, err = p.communicate(timeout=600)
         cpu = split.stop()
     except subprocess.TimeoutExpired:
-        raise BenchError(f"{tag} did not finish within 300s")
+        raise BenchError(f"{tag} did not finish within 600s")
     finally:
         PROCS.stop(p)
     (LOGS / f"{tag}.log").write_text(line + out + err)

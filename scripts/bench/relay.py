@@ -45,28 +45,9 @@ def drain(bench: Bench, session: Session, relays: list[Service], n: int, tag: st
     marker = session.send("COMMIT;")
     t0 = time.monotonic()  # the rows become visible with this commit
     session.wait(marker, timeout=60)
-    deadline = t0 + 300
-    effects = 0
     # The effects over time, for the report's plot of the drains: a sample
     # every 50 ms at most.
-    curve = [[0.0, 0]]
-    # Cheap polling: the simulator's counters (no database load) until
-    # every row had its effect, then the database until none is pending.
-    while time.monotonic() < deadline:
-        effects = bench.services.stats()["effects"]
-        now = time.monotonic() - t0
-        if now - curve[-1][0] >= 0.05 or effects >= rows:
-            curve.append([round(now, 3), effects])
-        if effects >= rows:
-            break
-        time.sleep(0.02)
-    t_effects = time.monotonic() - t0
-    pending = -1
-    while time.monotonic() < deadline:
-        pending = int(session.query("SELECT count(*) FROM outbox WHERE status = 'pending';")[0])
-        if pending == 0:
-            break
-        time.sleep(0.005)
+    curve, t_effects, effects, pending = follow_drain(bench, session, rows, t0, t0 + 300, every=0.05)
     secs = time.monotonic() - t0
     cpu = split.stop()
     if pending != 0:
@@ -92,6 +73,37 @@ def drain(bench: Bench, session: Session, relays: list[Service], n: int, tag: st
         f"{st['requests']:,} requests, {st['double_effects']} double effects, outbox autovacuum "
         f"{out['outbox_autovacuums']} autoanalyze {out['outbox_autoanalyzes']})")
     return out
+
+
+def follow_drain(bench: Bench, session: Session, rows: int, t0: float, deadline: float, every: float = 0.0,
+                 tick=None) -> tuple[list, float, int, int]:
+    """Follows a drain of `rows` that started at `t0` (monotonic) until
+    `deadline`: cheap polling of the simulator's counters (no database load)
+    until every row had its effect, `tick(seconds since t0)` called between
+    samples, then the database until no row is pending. Returns the effects
+    over time ([seconds since t0, effects], a sample every `every` seconds
+    at most), the seconds to the last effect, the effects seen, and the rows
+    still pending (0: drained; -1: the deadline came first)."""
+    curve = [[0.0, 0]]
+    effects = 0
+    while time.monotonic() < deadline:
+        effects = bench.services.stats()["effects"]
+        now = time.monotonic() - t0
+        if now - curve[-1][0] >= every or effects >= rows:
+            curve.append([round(now, 3), effects])
+        if effects >= rows:
+            break
+        if tick:
+            tick(now)
+        time.sleep(0.02)
+    t_effects = time.monotonic() - t0
+    pending = -1
+    while time.monotonic() < deadline:
+        pending = int(session.query("SELECT count(*) FROM outbox WHERE status = 'pending';")[0])
+        if pending == 0:
+            break
+        time.sleep(0.005)
+    return curve, t_effects, effects, pending
 
 
 def outbox_maintenance(session: Session) -> dict:
