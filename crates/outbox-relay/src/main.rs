@@ -35,7 +35,12 @@ fn main() -> ExitCode {
                 .listen_database()
                 .unwrap_or_else(|e| config_error(PROGRAM, &e));
             let log = settings.log.clone();
-            process::run_service(PROGRAM, &log, run(settings, database, listen_database, config))
+            process::run_service(
+                PROGRAM,
+                &log,
+                process::runtime::Threads::One,
+                run(settings, database, listen_database, config),
+            )
         }
         Command::Dead { command } => process::run_command(PROGRAM, async move {
             match command {

@@ -13,18 +13,19 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 
 use crate::args::LogArgs;
-use crate::{config_error, exit, runtime, traces};
+use crate::runtime::{self, Threads};
+use crate::{config_error, exit, traces};
 
-/// Runs `work` with logs and traces installed for `program` (its OTLP
-/// `service.name`), flushing the spans once it returned.
-pub fn run_service<F>(program: &'static str, log: &LogArgs, work: F) -> ExitCode
+/// Runs `work` on `threads` with logs and traces installed for `program`
+/// (its OTLP `service.name`), flushing the spans once it returned.
+pub fn run_service<F>(program: &'static str, log: &LogArgs, threads: Threads, work: F) -> ExitCode
 where
     F: Future<Output = anyhow::Result<()>>,
 {
     // Telemetry lives outside the runtime: its exporter is flushed after the
     // runtime is gone, with a blocking client.
     let telemetry = traces::init(program, log.log_format).unwrap_or_else(|e| config_error(program, &e));
-    let result = block_on(work, true);
+    let result = block_on(work, threads, true);
     telemetry.shutdown();
     exit::from_result(program, result)
 }
@@ -34,17 +35,16 @@ pub fn run_command<F>(program: &'static str, work: F) -> ExitCode
 where
     F: Future<Output = anyhow::Result<()>>,
 {
-    exit::from_result(program, block_on(work, false))
+    exit::from_result(program, block_on(work, Threads::PerCpu, false))
 }
 
-fn block_on<F>(work: F, announce: bool) -> anyhow::Result<()>
+fn block_on<F>(work: F, threads: Threads, announce: bool) -> anyhow::Result<()>
 where
     F: Future<Output = anyhow::Result<()>>,
 {
-    let workers = runtime::worker_threads();
-    let runtime = runtime::build(workers).context("building the tokio runtime")?;
+    let (runtime, count) = runtime::build(threads).context("building the tokio runtime")?;
     if announce {
-        tracing::info!(worker_threads = workers, "runtime started");
+        tracing::info!(threads = count, "runtime started");
     }
     let result = runtime.block_on(work);
     // Tasks still running (a spawned listener, a gauge refresher) stop here,

@@ -30,7 +30,12 @@ fn main() -> ExitCode {
         Command::Serve => {
             let verifier = settings.verifier().unwrap_or_else(|e| config_error(PROGRAM, &e));
             let log = settings.log.clone();
-            process::run_service(PROGRAM, &log, serve(settings, database, verifier))
+            process::run_service(
+                PROGRAM,
+                &log,
+                process::runtime::Threads::PerCpu,
+                serve(settings, database, verifier),
+            )
         }
         Command::Migrate => process::run_command(PROGRAM, migrate(database)),
         Command::Events {
