@@ -744,4 +744,17 @@ async fn logs_carry_the_event_and_trace_ids_and_no_secret() {
     assert_eq!(retry["attempt"], 1);
     assert_eq!(retry["kind"], "ship_order");
     assert!(retry["outbox_id"].is_i64() && retry["duration_ms"].is_number());
+    // The relay runs on one thread (process::runtime), the ingest on a
+    // worker per CPU: each says so when its runtime starts.
+    let runtime_threads = |log: &str| {
+        log.lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .find(|v| v["message"] == "runtime started")
+            .and_then(|v| v["threads"].as_u64())
+    };
+    assert_eq!(runtime_threads(&relay_log), Some(1), "the relay's runtime");
+    assert!(
+        runtime_threads(&ingest_log).is_some_and(|n| n >= 1),
+        "the ingest's runtime"
+    );
 }

@@ -6,8 +6,8 @@
 //! relay's claimer, its calls and its recorder pass every row along. On two
 //! workers a row's hand-offs wake the other thread (work stealing, a futex
 //! and an epoll per wake-up): measured by `make bench`'s relay drain, 39 us
-//! of the relay's CPU per row on two workers, 28 on one thread, for the same
-//! rows per second. At 28 us a row, one thread carries some 35,000 rows a
+//! of the relay's CPU per row on two workers, 26-31 on one thread. At 30 us
+//! a row, one thread carries some 33,000 rows a
 //! second of the relay's own work; past that, more relays (each claims its
 //! own rows), not more threads, is how it scales. The ingest's requests are
 //! independent of each other and verify signatures (CPU) between waits: it
@@ -187,6 +187,21 @@ mod tests {
         let hybrid = "12:cpu,cpuacct:/docker/abc\n1:name=systemd:/docker/abc\n0::/docker/abc\n";
         assert_eq!(cgroup_v2_path(hybrid), Some("/docker/abc"));
         assert_eq!(cgroup_v2_path("4:memory:/x\n1:cpu:/\n"), None);
+    }
+
+    #[test]
+    fn one_thread_is_a_current_thread_runtime() {
+        use tokio::runtime::RuntimeFlavor;
+        let (one, count) = build(Threads::One).unwrap();
+        assert_eq!(
+            (one.handle().runtime_flavor(), count),
+            (RuntimeFlavor::CurrentThread, 1)
+        );
+        let (per_cpu, count) = build(Threads::PerCpu).unwrap();
+        assert_eq!(
+            (per_cpu.handle().runtime_flavor(), count),
+            (RuntimeFlavor::MultiThread, worker_threads())
+        );
     }
 
     #[test]

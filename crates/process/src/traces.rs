@@ -125,7 +125,6 @@ pub fn init(service: &'static str, format: LogFormat) -> Result<Telemetry, Strin
             ("webhook_ingest", tracing::Level::INFO),
             ("outbox_relay", tracing::Level::INFO),
         ]));
-    let otel = (std::env::var("XX_NOOTEL").is_err()).then_some(otel);
     let registry = tracing_subscriber::registry().with(otel);
     let installed = match format {
         LogFormat::Json => registry
