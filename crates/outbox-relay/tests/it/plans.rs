@@ -55,3 +55,29 @@ async fn the_relays_statements_probe_indexes_on_a_fresh_database() {
         assert!(plan.contains(index), "{name}: {index} expected:\n{plan}");
     }
 }
+
+/// The prunes delete the rows their retention index found by ctid, never by
+/// probing the primary key: processed_events' key holds random text ids, and
+/// a batch's probes read random leaf pages into the shared buffers the
+/// ingest needs (docs/BENCHMARK.md, "The prune").
+#[tokio::test]
+async fn the_prunes_delete_by_ctid_without_probing_the_primary_key() {
+    let db = testkit::TestDb::new().await;
+    let client = service_session(&db).await;
+    for (name, sql, pkey) in [
+        (
+            "prune_outbox",
+            include_str!("../../src/storage/prune_outbox.sql"),
+            "outbox_pkey",
+        ),
+        (
+            "prune_events",
+            include_str!("../../src/storage/prune_events.sql"),
+            "processed_events_pkey",
+        ),
+    ] {
+        let plan = generic_plan(&client, name, sql, "7, 1000, 1").await;
+        assert!(plan.contains("Tid Scan"), "{name}: a Tid Scan expected:\n{plan}");
+        assert!(!plan.contains(pkey), "{name}: {pkey} probed:\n{plan}");
+    }
+}

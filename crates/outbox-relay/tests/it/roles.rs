@@ -1,8 +1,9 @@
-//! Least privilege: the `outbox_relay` role (migrations/V2__roles.sql)
-//! holds what the relay and its operator commands use, and `outbox_monitor`
-//! what the autoscaler's count of due rows uses. Everything else is refused,
-//! and every grant is needed: revoke any one and a statement fails. (Every
-//! other test of this crate runs the relay as a member of its role.)
+//! Least privilege: the `outbox_relay` role (migrations/V2__roles.sql,
+//! V8__prune_by_ctid.sql) holds what the relay and its operator commands
+//! use, and `outbox_monitor` what the autoscaler's count of due rows uses.
+//! Everything else is refused, and every grant is needed: revoke any one and
+//! a statement fails. (Every other test of this crate runs the relay as a
+//! member of its role.)
 
 use std::time::Duration;
 
