@@ -191,19 +191,9 @@ pub struct Settings {
 }
 
 impl Settings {
-    pub fn deadline(&self) -> Duration {
-        Duration::from_millis(self.ingest_deadline_ms)
-    }
-
-    /// The longest one try of the record statement waits for its order's
-    /// row lock on a connection (`lock_timeout`): a twentieth of the
-    /// deadline, between 10 and 100 ms. Longer than the lock a concurrent
-    /// event of the same order holds (its one statement and commit), far
-    /// shorter than the deadline: a delivery whose order someone holds
-    /// locked for long waits between tries with no connection, so a lock
-    /// on one order never ties up the pool that other orders need.
-    pub fn lock_wait(&self) -> Duration {
-        (self.deadline() / 20).clamp(Duration::from_millis(10), Duration::from_millis(100))
+    /// `INGEST_DEADLINE_MS`, and the bounds derived from it.
+    pub fn deadline(&self) -> crate::record::Deadline {
+        crate::record::Deadline::new(Duration::from_millis(self.ingest_deadline_ms))
     }
 
     /// [`Settings::unmatched_horizon_hours`] as a duration.
@@ -267,24 +257,5 @@ mod tests {
         // Still usable by the code that needs them.
         assert_eq!(cli.settings.database().unwrap().describe(), "db:5432/payments");
         assert!(cli.settings.verifier().is_ok());
-    }
-
-    #[test]
-    fn the_lock_wait_is_a_twentieth_of_the_deadline_within_10_to_100_ms() {
-        let wait = |deadline: &str| {
-            let cli = Cli::try_parse_from([
-                "webhook-ingest",
-                "--database-url",
-                "postgres://u@db/x",
-                "--ingest-deadline-ms",
-                deadline,
-            ])
-            .unwrap();
-            cli.settings.lock_wait().as_millis()
-        };
-        assert_eq!(wait("1000"), 50);
-        assert_eq!(wait("100"), 10, "never below 10 ms");
-        assert_eq!(wait("5000"), 100, "never above 100 ms (the default deadline)");
-        assert_eq!(wait("60000"), 100);
     }
 }

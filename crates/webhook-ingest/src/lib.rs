@@ -5,9 +5,10 @@
 //! # Layout
 //! - [`config`]: environment variables and flags.
 //! - [`startup`]: [`startup::Application`]: listeners, pool, run until stopped.
-//! - [`http`]: the webhook handler: size, signature, parse, record.
+//! - [`http`]: the webhook handler: read, verify, shed, record, answer.
+//! - [`record`]: a verified delivery into the database: batched, retried
+//!   behind a locked order, cancelled at the deadline.
 //! - [`storage`]: all SQL; the one-statement claim-and-apply.
-//! - [`batch`]: several payments per statement when they wait for connections.
 //! - [`error`]: every failure and the status the provider gets.
 //! - [`metrics`]: the Prometheus metrics.
 //! - [`notifier`]: wakes the relays after commits, coalescing `NOTIFY`s.
@@ -16,7 +17,6 @@
 //! - [`events`]: `webhook-ingest events list|show|replay|discard`, for operators.
 #![forbid(unsafe_code)]
 
-pub mod batch;
 pub mod config;
 pub mod error;
 pub mod events;
@@ -24,5 +24,6 @@ pub mod http;
 pub mod metrics;
 pub mod notifier;
 pub mod reconcile;
+pub mod record;
 pub mod startup;
 pub mod storage;

@@ -17,6 +17,7 @@ use crate::http::{self, AppState};
 use crate::metrics::IngestMetrics;
 use crate::notifier::Notifier;
 use crate::reconcile::Reconciler;
+use crate::record::Recorder;
 
 pub const WEBHOOK_PATH: &str = "/webhooks/payments";
 
@@ -48,8 +49,8 @@ impl Application {
             // arrival, which is after the request's start, so it never ends
             // a statement the handler is still waiting for, and a statement
             // whose cancel was lost ends at most one deadline after the 503.
-            statement_timeout: Some(deadline),
-            lock_timeout: Some(settings.lock_wait()),
+            statement_timeout: Some(deadline.whole()),
+            lock_timeout: Some(deadline.lock_wait()),
             abort_when_client_leaves: true,
             // The 200 promises the provider the event is recorded: durable commits.
             asynchronous_commit: false,
@@ -58,7 +59,7 @@ impl Application {
             generic_plans: true,
             index_paths: true,
             pool_size: settings.database_pool_size as usize,
-            pool_wait: deadline,
+            pool_wait: deadline.whole(),
         });
 
         let mut registry = Registry::default();
@@ -76,33 +77,17 @@ impl Application {
             metrics.clone(),
             settings.unmatched_horizon(),
         );
-        let span_server = database.span_server();
-        let batcher = Arc::new(crate::batch::Batcher::new(
-            pool.clone(),
-            span_server.clone(),
-            database.canceller(),
-            notifier.clone(),
-            metrics.clone(),
-            deadline,
-        ));
         let state = web::Data::new(AppState {
-            batcher,
-            pool: pool.clone(),
-            span_server,
-            canceller: database.canceller(),
             verifier,
             deadline,
-            metrics,
-            notifier: notifier.clone(),
+            metrics: metrics.clone(),
             in_flight: Arc::new(tokio::sync::Semaphore::new(
                 settings.ingest_max_in_flight as usize,
             )),
             readers: Arc::new(tokio::sync::Semaphore::new(
                 settings.ingest_max_in_flight as usize * http::READERS_PER_PERMIT,
             )),
-            lock_retries: Arc::new(tokio::sync::Semaphore::new(lock_retry_slots(
-                settings.database_pool_size,
-            ))),
+            recorder: Recorder::new(database, pool.clone(), notifier.clone(), metrics, deadline),
         });
 
         let listener = TcpListener::bind(settings.ingest_listen_addr)
@@ -114,11 +99,11 @@ impl Application {
                 .route(WEBHOOK_PATH, web::post().to(http::receive))
         })
         // Headers must arrive within the deadline too (slowloris).
-        .client_request_timeout(deadline)
+        .client_request_timeout(deadline.whole())
         .client_disconnect_timeout(Duration::from_secs(1))
         .keep_alive(Duration::from_secs(75))
         // In-flight requests get their deadline to finish after SIGTERM.
-        .shutdown_timeout(deadline.as_secs() + 1)
+        .shutdown_timeout(deadline.whole().as_secs() + 1)
         .disable_signals()
         .listen(listener)?
         .run();
@@ -181,14 +166,6 @@ impl Application {
     }
 }
 
-/// How many of the pool's connections deliveries waiting for a locked order
-/// may hold at once, trying again: a quarter (at least one). The rest stay
-/// for every other order's deliveries, however many wait for one lock.
-fn lock_retry_slots(pool_size: u32) -> usize {
-    (pool_size as usize / 4).max(1)
-}
-
-/// `/readyz`: the database answers and its schema is the one this binary needs.
 /// `/readyz`: the database half ([`db::ready::check`]); the first time it
 /// passes, the pool is warmed first ([`crate::storage::warm`]), so that
 /// traffic sent on the first ready answer finds no cold connection.
@@ -212,18 +189,4 @@ fn readiness(pool: db::Pool) -> Readiness {
             Ok(())
         })
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::lock_retry_slots;
-
-    #[test]
-    fn a_quarter_of_the_pool_may_retry_locked_orders_and_never_none() {
-        assert_eq!(lock_retry_slots(16), 4);
-        assert_eq!(lock_retry_slots(4), 1);
-        assert_eq!(lock_retry_slots(1), 1);
-        assert_eq!(lock_retry_slots(2), 1);
-        assert_eq!(lock_retry_slots(100), 25);
-    }
 }

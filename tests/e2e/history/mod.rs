@@ -361,7 +361,7 @@ async fn deliver_all(
 
 /// The first ingest runs with a pool of two connections, so its payments
 /// wait for connections and are recorded several per statement
-/// (`webhook_ingest::batch`); the second with the default pool, where they
+/// (`webhook_ingest::record`); the second with the default pool, where they
 /// mostly run alone. Both kinds race each other for the same orders.
 fn ingest_env(url: &str, port: u16, admin: u16, which: usize) -> Vec<(String, String)> {
     let pool = if which == 0 { "2" } else { "16" };
