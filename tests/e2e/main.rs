@@ -10,6 +10,7 @@ mod failover;
 mod ha_cluster;
 mod harness;
 mod history;
+mod layout;
 mod observability;
 mod per_order;
 mod pooler;

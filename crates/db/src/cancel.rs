@@ -7,6 +7,7 @@
 
 use tokio_postgres_rustls::MakeRustlsConnect;
 
+use crate::connect::Database;
 use crate::pool::Client;
 
 /// Cancels a statement on the server: a cancel request (a new connection
@@ -43,5 +44,12 @@ impl Canceller {
     /// already finished is not affected, and the server does not answer.
     pub async fn cancel(&self, session: &tokio_postgres::CancelToken) -> Result<(), tokio_postgres::Error> {
         session.cancel_query(self.tls.clone()).await
+    }
+}
+
+impl Database {
+    /// Cancels statements on this database's connections; see [`Canceller`].
+    pub fn canceller(&self) -> Canceller {
+        Canceller::new(self.tls().clone())
     }
 }

@@ -11,8 +11,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-pub use crate::cancel::Canceller;
-use crate::pool::PoolMode;
+use crate::mode::PoolMode;
 pub use crate::url::DatabaseUrlError;
 
 /// A connection's driver, as [`Database::connect_raw`] hands it over.
@@ -108,7 +107,7 @@ pub struct ConnectOptions {
 /// A parsed `DATABASE_URL`: connect once, or build a pool ([`Database::pool`]).
 #[derive(Clone)]
 pub struct Database {
-    config: tokio_postgres::Config,
+    pub(crate) config: tokio_postgres::Config,
     tls: MakeRustlsConnect,
     /// Whether the URL leads to a transaction-mode pooler (`DATABASE_POOL_MODE`).
     pool_mode: PoolMode,
@@ -149,22 +148,8 @@ impl Database {
         format!("{host}:{port}/{db}")
     }
 
-    /// Where the statements of pools made from this database go, as their
-    /// client spans say it ([`crate::span`]): the database (the user's name
-    /// when the URL names none, as the server takes it), the first host and
-    /// its port.
-    pub fn span_server(&self) -> crate::span::Server {
-        let (host, port) = self.host_and_port();
-        let database = self
-            .config
-            .get_dbname()
-            .or(self.config.get_user())
-            .unwrap_or_default();
-        crate::span::Server::new(database, &host, port)
-    }
-
     /// The first host (a socket's folder for a Unix socket) and its port.
-    fn host_and_port(&self) -> (String, u16) {
+    pub(crate) fn host_and_port(&self) -> (String, u16) {
         let host = match self.config.get_hosts().first() {
             Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
             Some(tokio_postgres::config::Host::Unix(p)) => p.display().to_string(),
@@ -280,11 +265,6 @@ impl Database {
             .connect(self.tls.clone())
             .await
             .with_context(|| format!("connecting to {}", self.describe()))
-    }
-
-    /// Cancels statements on this database's connections; see [`Canceller`].
-    pub fn canceller(&self) -> Canceller {
-        Canceller::new(self.tls.clone())
     }
 }
 

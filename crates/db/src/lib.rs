@@ -32,6 +32,7 @@ mod cancel;
 pub mod connect;
 mod error;
 pub mod migrate;
+mod mode;
 pub mod pool;
 pub mod ready;
 pub mod span;
@@ -43,7 +44,8 @@ pub use cancel::Canceller;
 pub use connect::{ConnectOptions, Database, INDEX_PATHS, SEARCH_PATH};
 pub use error::is_connectivity_error;
 pub use migrate::{SchemaStatus, UnsafeSchema, migrate, schema_status};
-pub use pool::{Client, Pool, PoolError, PoolMode, PoolStatus};
+pub use mode::PoolMode;
+pub use pool::{Client, Pool, PoolError, PoolStatus};
 pub use sql::{Column, Executor, Sql, col};
 pub use url::DatabaseUrlError;
 

@@ -10,26 +10,7 @@
 use deadpool_postgres::{Manager, ManagerConfig, RecyclingMethod, Runtime};
 
 use crate::connect::{ConnectOptions, Database};
-use crate::sql::Sql;
-
-/// How the connections of a pool reach Postgres (`DATABASE_POOL_MODE`).
-///
-/// Directly (or through a session-mode pooler), each client connection is a
-/// server session of its own: a statement prepared once serves every later
-/// request, and settings sent at connect (startup `options`) hold for good.
-/// Through a transaction-mode pooler (PgBouncer `pool_mode = transaction`),
-/// one connection's transactions may each run on another server session and
-/// the pooler passes no startup `options`: nothing may outlive a statement,
-/// and the settings must come from the login role (`ALTER ROLE ... SET`,
-/// deploy/sql/roles.sql). (The variants' docs are `--help` text.)
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-pub enum PoolMode {
-    /// Directly or through a session-mode pooler: statements prepared once per connection, settings sent at connect
-    #[default]
-    Session,
-    /// Through PgBouncer in transaction mode: unnamed statements, one round trip each; settings from the login role
-    Transaction,
-}
+use crate::mode::PoolMode;
 
 impl Database {
     /// A pool of connections to this database with `options`' session
@@ -130,47 +111,6 @@ impl Pool {
             open: status.size,
             idle: status.available,
             waiting: status.waiting,
-        }
-    }
-
-    /// Opens every connection the pool may hold and, in session mode,
-    /// prepares `statements` on each; returns them all, checked out, for the
-    /// caller to run what else warms a session (back in the pool when
-    /// dropped). The first requests after a start then find the pool warm,
-    /// instead of queueing behind logins, preparations and each session's
-    /// first plans under load. An error (the server's connection limit,
-    /// say) is returned only if no connection opened.
-    pub async fn open_all(&self, statements: &'static [&'static Sql]) -> Result<Vec<Client>, PoolError> {
-        let mut opening = tokio::task::JoinSet::new();
-        for _ in 0..self.inner.status().max_size {
-            let pool = self.clone();
-            // Each holds its connection until all are open, so that the
-            // pool opens as many as it may hold rather than reuse one.
-            opening.spawn(async move {
-                let client = pool.get().await?;
-                if client.mode() == PoolMode::Session {
-                    for sql in statements {
-                        client.object().prepare_typed_cached(sql.text, sql.types).await?;
-                    }
-                }
-                Ok::<_, PoolError>(client)
-            });
-        }
-        let mut warmed = Vec::new();
-        let mut first_error = None;
-        while let Some(done) = opening.join_next().await {
-            match done {
-                Ok(Ok(client)) => warmed.push(client),
-                Ok(Err(e)) => {
-                    first_error.get_or_insert(e);
-                }
-                // A panic in a task, which prepares nothing else: nothing to keep.
-                Err(_) => {}
-            }
-        }
-        match first_error {
-            Some(e) if warmed.is_empty() => Err(e),
-            _ => Ok(warmed),
         }
     }
 

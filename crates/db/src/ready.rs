@@ -5,7 +5,8 @@
 
 use std::time::Duration;
 
-use crate::pool::{Pool, PoolMode};
+use crate::mode::PoolMode;
+use crate::pool::Pool;
 use tokio_postgres::types::Type;
 
 use crate::sql::{Column, Sql, col};

@@ -224,6 +224,22 @@ pub fn returned(span: &tracing::Span, rows: usize) {
     );
 }
 
+impl crate::connect::Database {
+    /// Where the statements of pools made from this database go, as their
+    /// client spans say it ([`crate::span`]): the database (the user's name
+    /// when the URL names none, as the server takes it), the first host and
+    /// its port.
+    pub fn span_server(&self) -> Server {
+        let (host, port) = self.host_and_port();
+        let database = self
+            .config
+            .get_dbname()
+            .or(self.config.get_user())
+            .unwrap_or_default();
+        Server::new(database, &host, port)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

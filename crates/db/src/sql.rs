@@ -22,7 +22,8 @@ use std::future::Future;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Error, Row};
 
-use crate::pool::{Client, PoolMode};
+use crate::mode::PoolMode;
+use crate::pool::{Client, Pool, PoolError};
 
 /// A statement: its text (kept in a `.sql` file beside the code that runs
 /// it), the types of its parameters (`$1`, `$2`, ... in order) and the result
@@ -232,6 +233,49 @@ impl Executor for tokio_postgres::Client {
 
     async fn execute(&self, sql: &Sql, params: &[&(dyn ToSql + Sync)]) -> Result<u64, Error> {
         self.execute_typed(sql.text, &sql.typed(params)).await
+    }
+}
+
+impl Pool {
+    /// Opens every connection the pool may hold and, in session mode,
+    /// prepares `statements` on each; returns them all, checked out, for the
+    /// caller to run what else warms a session (back in the pool when
+    /// dropped). The first requests after a start then find the pool warm,
+    /// instead of queueing behind logins, preparations and each session's
+    /// first plans under load. An error (the server's connection limit,
+    /// say) is returned only if no connection opened.
+    pub async fn open_all(&self, statements: &'static [&'static Sql]) -> Result<Vec<Client>, PoolError> {
+        let mut opening = tokio::task::JoinSet::new();
+        for _ in 0..self.status().max {
+            let pool = self.clone();
+            // Each holds its connection until all are open, so that the
+            // pool opens as many as it may hold rather than reuse one.
+            opening.spawn(async move {
+                let client = pool.get().await?;
+                if client.mode() == PoolMode::Session {
+                    for sql in statements {
+                        client.object().prepare_typed_cached(sql.text, sql.types).await?;
+                    }
+                }
+                Ok::<_, PoolError>(client)
+            });
+        }
+        let mut warmed = Vec::new();
+        let mut first_error = None;
+        while let Some(done) = opening.join_next().await {
+            match done {
+                Ok(Ok(client)) => warmed.push(client),
+                Ok(Err(e)) => {
+                    first_error.get_or_insert(e);
+                }
+                // A panic in a task, which prepares nothing else: nothing to keep.
+                Err(_) => {}
+            }
+        }
+        match first_error {
+            Some(e) if warmed.is_empty() => Err(e),
+            _ => Ok(warmed),
+        }
     }
 }
 

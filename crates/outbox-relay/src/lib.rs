@@ -11,6 +11,7 @@
 //!   pruner and the loop, stopped by one token.
 //! - [`worker`]: the claim -> send -> record loop, and [`worker::Relay::relay_once`].
 //! - [`dispatch`]: one call and its [`dispatch::CallResult`].
+//! - [`downstream`]: one downstream API from its variables: its URL and credential.
 //! - [`policy`]: the retry policy: a call result to a verdict, with backoff.
 //! - [`listener`]: `LISTEN` on [`db::NOTIFY_CHANNEL`], re-established when it drops.
 //! - [`storage`]: all SQL, one file per step: claim, fenced completion, gauges,
@@ -21,6 +22,7 @@
 
 pub mod config;
 pub mod dispatch;
+pub mod downstream;
 pub mod listener;
 pub mod metrics;
 pub mod ops;

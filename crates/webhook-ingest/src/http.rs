@@ -23,6 +23,9 @@ use crate::metrics::IngestMetrics;
 use crate::record::{Deadline, Received, Recorder};
 use crate::storage::{Delivery, Recorded};
 
+/// The route the provider posts to.
+pub const WEBHOOK_PATH: &str = "/webhooks/payments";
+
 /// Header marking a replayed response.
 pub const REPLAYED_HEADER: &str = "Idempotent-Replayed";
 
@@ -55,8 +58,8 @@ pub async fn receive(req: HttpRequest, body: web::Payload, state: web::Data<AppS
         otel.kind = "server",
         otel.status_code = Empty,
         http.request.method = "POST",
-        http.route = crate::startup::WEBHOOK_PATH,
-        url.path = crate::startup::WEBHOOK_PATH,
+        http.route = WEBHOOK_PATH,
+        url.path = WEBHOOK_PATH,
         url.scheme = "http",
         client.address = req.peer_addr().map(|peer| tracing::field::display(peer.ip())),
         user_agent.original = req

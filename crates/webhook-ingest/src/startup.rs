@@ -19,8 +19,6 @@ use crate::notifier::Notifier;
 use crate::reconcile::Reconciler;
 use crate::record::Recorder;
 
-pub const WEBHOOK_PATH: &str = "/webhooks/payments";
-
 pub struct Application {
     server: actix_web::dev::Server,
     port: u16,
@@ -96,7 +94,7 @@ impl Application {
         let server = HttpServer::new(move || {
             App::new()
                 .app_data(state.clone())
-                .route(WEBHOOK_PATH, web::post().to(http::receive))
+                .route(http::WEBHOOK_PATH, web::post().to(http::receive))
         })
         // Headers must arrive within the deadline too (slowloris).
         .client_request_timeout(deadline.whole())

@@ -38,7 +38,7 @@ pub(super) type Answered<T> = Option<Result<T, tokio_postgres::Error>>;
 pub(super) struct Statements {
     pub(super) pool: db::Pool,
     span_server: db::span::Server,
-    canceller: db::connect::Canceller,
+    canceller: db::Canceller,
     notifier: Arc<Notifier>,
     pub(super) metrics: IngestMetrics,
     pub(super) deadline: Deadline,
@@ -169,7 +169,7 @@ impl Statements {
     /// it would not stop it: the server would run it on and might commit
     /// after the provider was told to retry; closing its connection would
     /// stop it only at the server's next check for a vanished client, if it
-    /// makes any (see `db::connect::Canceller`). So the server is asked to
+    /// makes any (see `db::Canceller`). So the server is asked to
     /// cancel it, and the answer waits for it to end, up to the deadline's
     /// cancel grace; the rest goes on in the background. There, the
     /// statement gets one more deadline to end (`statement_timeout`, the

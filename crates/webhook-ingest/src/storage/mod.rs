@@ -32,6 +32,7 @@
 //! transactions/s at 64 clients with a `pg_notify` added). See
 //! [`crate::notifier`].
 
+mod outcome;
 mod plan;
 mod record;
 mod story;
@@ -39,7 +40,8 @@ mod unmatched;
 
 use db::{Column, Executor, Sql, col};
 use domain::EventOutcome;
-use tokio_postgres::types::{FromSql, Type};
+use outcome::StoredOutcome;
+use tokio_postgres::types::Type;
 
 pub use record::{
     Delivery, Pending, Recorded, batchable, record_batch_span, record_event, record_events, record_span,
@@ -78,23 +80,6 @@ pub async fn warm(pool: &db::Pool) -> Result<usize, db::PoolError> {
         record_events(client, &[]).await?;
     }
     Ok(clients.len())
-}
-
-/// An event's `status` column, decoded: a name no [`EventOutcome`] has is an
-/// error of the row, not a string for someone to parse later.
-struct StoredOutcome(EventOutcome);
-
-impl<'a> FromSql<'a> for StoredOutcome {
-    fn from_sql(ty: &Type, raw: &'a [u8]) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
-        let name = <&str as FromSql>::from_sql(ty, raw)?;
-        EventOutcome::parse(name)
-            .map(Self)
-            .ok_or_else(|| format!("unknown event status `{name}`").into())
-    }
-
-    fn accepts(ty: &Type) -> bool {
-        <&str as FromSql>::accepts(ty)
-    }
 }
 
 /// Wakes the relays: a `NOTIFY` on [`db::NOTIFY_CHANNEL`] in a transaction

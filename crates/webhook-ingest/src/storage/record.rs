@@ -7,7 +7,7 @@ use domain::{CommandKind, EventOutcome, PAYLOAD_VERSION, ProviderEvent};
 use tokio_postgres::Row;
 use tokio_postgres::types::Type;
 
-use super::StoredOutcome;
+use super::outcome::StoredOutcome;
 use super::plan::{Plan, Shape};
 
 /// What every record statement returns.

@@ -5,7 +5,7 @@ use db::{Column, Executor, Sql, col};
 use domain::{CommandKind, EventOutcome};
 use tokio_postgres::types::Type;
 
-use super::StoredOutcome;
+use super::outcome::StoredOutcome;
 
 pub(crate) const SHOW_EVENT: Sql = Sql::new(
     "webhook-ingest/show_event.sql",

@@ -27,8 +27,7 @@ use domain::{EventError, EventOutcome, MAX_ID_LEN};
 use signature::VerifyError;
 use testkit::{Role, TestDb};
 use webhook_ingest::error::{IngestError, MAX_BODY_BYTES};
-use webhook_ingest::http::REPLAYED_HEADER;
-use webhook_ingest::startup::WEBHOOK_PATH;
+use webhook_ingest::http::{REPLAYED_HEADER, WEBHOOK_PATH};
 
 use crate::helpers::{SECRET, STRIPE_SECRET};
 

@@ -20,16 +20,20 @@
 //! connection error, or a row never sent), for the relay's one log line per
 //! call.
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use domain::{Command, CommandKind, Endpoint};
-use reqwest::StatusCode;
 use reqwest::header::{AUTHORIZATION, HeaderValue};
 use tracing::Instrument as _;
 use tracing::field::Empty;
 
-use crate::config::Downstream;
+use crate::downstream::Downstream;
 use crate::storage::{ClaimedRow, RowKind};
+
+mod answer;
+
+pub use answer::{ERROR_BODY_LIMIT, is_retryable_status, parse_retry_after};
+use answer::{describe_transport_error, read_capped, scrub};
 
 /// Where the commands go: the full URLs (no user or password in them), and
 /// each endpoint's `Authorization` header, marked sensitive.
@@ -292,92 +296,9 @@ async fn classify(response: reqwest::Response, authorization: Option<&HeaderValu
     }
 }
 
-/// How much of an error body the relay reads (a `last_error` keeps an
-/// excerpt of it): a downstream answering with a gigabyte, or an endless
-/// stream, does not grow the relay's memory nor hold its call.
-pub const ERROR_BODY_LIMIT: usize = 8 * 1024;
-
-/// The body's first `limit` bytes (fewer if it ends or fails first), as text;
-/// what follows is not read. Dropping the response mid-body closes its
-/// connection rather than draining it.
-async fn read_capped(mut response: reqwest::Response, limit: usize) -> String {
-    let mut kept = Vec::new();
-    while kept.len() < limit {
-        match response.chunk().await {
-            Ok(Some(chunk)) => {
-                let room = limit - kept.len();
-                kept.extend_from_slice(&chunk[..chunk.len().min(room)]);
-            }
-            Ok(None) | Err(_) => break,
-        }
-    }
-    drop(response);
-    String::from_utf8_lossy(&kept).into_owned()
-}
-
-/// `text` without the credential: the whole header value, and its token
-/// (what follows the scheme, `Bearer` or `Basic`), each become `[redacted]`.
-fn scrub(text: &str, authorization: Option<&HeaderValue>) -> String {
-    let Some(value) = authorization.and_then(|a| a.to_str().ok()) else {
-        return text.to_owned();
-    };
-    let mut text = text.to_owned();
-    let token = value.split_once(' ').map_or(value, |(_, t)| t).trim();
-    for secret in [value.trim(), token] {
-        if !secret.is_empty() {
-            text = text.replace(secret, process::secret::REDACTED);
-        }
-    }
-    text
-}
-
-pub fn is_retryable_status(status: StatusCode) -> bool {
-    status.is_server_error() || matches!(status.as_u16(), 408 | 409 | 425 | 429)
-}
-
-fn describe_transport_error(e: &reqwest::Error) -> String {
-    let kind = if e.is_timeout() {
-        "timeout"
-    } else if e.is_connect() {
-        "connection failed"
-    } else if e.is_request() || e.is_body() {
-        "connection error"
-    } else {
-        "transport error"
-    };
-    let mut text = format!("{kind}: {e}");
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
-}
-
-/// `Retry-After`: delay-seconds or an HTTP-date.
-pub fn parse_retry_after(value: &str) -> Option<Duration> {
-    let value = value.trim();
-    if let Ok(secs) = value.parse::<u64>() {
-        return Some(Duration::from_secs(secs));
-    }
-    let at = httpdate::parse_http_date(value).ok()?;
-    Some(at.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn statuses() {
-        for s in [408, 409, 425, 429, 500, 502, 503, 504, 599] {
-            assert!(is_retryable_status(StatusCode::from_u16(s).unwrap()), "{s}");
-        }
-        for s in [400, 401, 403, 404, 405, 410, 413, 422, 451] {
-            assert!(!is_retryable_status(StatusCode::from_u16(s).unwrap()), "{s}");
-        }
-    }
 
     #[test]
     fn the_second_attempt_is_the_first_resend() {
@@ -393,35 +314,6 @@ mod tests {
         assert_eq!(shown, "https://REDACTED:REDACTED@f.example:8443/v1/shipments");
         let plain = reqwest::Url::parse("http://f.example/shipments").unwrap();
         assert_eq!(redacted(&plain).as_str(), "http://f.example/shipments");
-    }
-
-    #[test]
-    fn an_echoed_credential_is_scrubbed() {
-        let mut value = HeaderValue::from_static("Bearer t0ken-123");
-        value.set_sensitive(true);
-        assert_eq!(
-            scrub("bad token t0ken-123 (Bearer t0ken-123)", Some(&value)),
-            "bad token [redacted] ([redacted])"
-        );
-        assert_eq!(scrub("no such order", Some(&value)), "no such order");
-        assert_eq!(scrub("t0ken-123", None), "t0ken-123");
-    }
-
-    #[test]
-    fn retry_after_forms() {
-        assert_eq!(parse_retry_after("7"), Some(Duration::from_secs(7)));
-        assert_eq!(parse_retry_after(" 0 "), Some(Duration::ZERO));
-        let in_a_minute = httpdate::fmt_http_date(SystemTime::now() + Duration::from_secs(60));
-        let d = parse_retry_after(&in_a_minute).unwrap();
-        assert!(
-            d > Duration::from_secs(55) && d <= Duration::from_secs(60),
-            "{d:?}"
-        );
-        assert_eq!(
-            parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT"),
-            Some(Duration::ZERO)
-        );
-        assert_eq!(parse_retry_after("soon"), None);
     }
 
     #[test]
