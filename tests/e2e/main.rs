@@ -4,6 +4,7 @@
     reason = "test helpers beside the tests: a panic is how a test fails"
 )]
 
+mod architecture;
 mod chaos;
 mod dev_cluster;
 mod failover;

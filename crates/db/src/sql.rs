@@ -31,7 +31,7 @@ use crate::pool::{Client, Pool, PoolError};
 /// migrated schema; the workspace's statements test runs it on every one.
 #[derive(Debug)]
 pub struct Sql {
-    /// Where the text lives, for messages (`ingest/record_payment.sql`).
+    /// Where the text lives, for messages (`webhook-ingest/record_event.sql`).
     pub name: &'static str,
     pub text: &'static str,
     pub types: &'static [Type],
