@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use actix_web::{App, HttpResponse, HttpServer, web};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
@@ -16,8 +16,9 @@ use prost::Message as _;
 use simulator::downstream::{DownstreamConfig, RunningDownstream};
 pub use testkit::metrics::Metrics;
 use testkit::{Role, TestDb};
+use webhook_ingest::http::WEBHOOK_PATH;
 
-pub const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+pub use testkit::{SECRET, event};
 
 /// A real process with its stdout in a file, killed on drop.
 pub struct Proc {
@@ -365,13 +366,7 @@ impl Stack {
     }
 
     pub async fn insert_order(&self, id: i64, payment_id: &str) {
-        self.client
-            .execute(
-                "INSERT INTO orders (id, payment_id, status) VALUES ($1, $2, 'pending')",
-                &[&id, &payment_id],
-            )
-            .await
-            .unwrap();
+        testkit::insert_order(&self.client, id, payment_id, "pending").await;
     }
 
     /// Posts `body` signed now, with extra headers.
@@ -454,27 +449,7 @@ pub async fn try_post_signed(
     secret: &str,
     extra: &[(&str, &str)],
 ) -> reqwest::Result<reqwest::Response> {
-    let key = signature::Secret::parse(signature::Scheme::Standard, secret).unwrap();
-    let ts = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() as i64;
-    let msg_id = format!("msg_{ts}_{}", body.len());
-    let mut req = http
-        .post(format!("{ingest_url}/webhooks/payments"))
-        .header("content-type", "application/json")
-        .header("webhook-id", &msg_id)
-        .header("webhook-timestamp", ts.to_string())
-        .header(
-            "webhook-signature",
-            signature::sign_standard(&key, &msg_id, ts, body.as_bytes()),
-        )
-        .body(body.to_owned());
-    for (k, v) in extra {
-        req = req.header(*k, *v);
-    }
-    req.send().await
-}
-
-pub fn event(id: &str, kind: &str, payment_id: &str) -> String {
-    format!(
-        r#"{{"id":"{id}","type":"{kind}","created":1700000000,"data":{{"payment_id":"{payment_id}","amount":4200,"currency":"gbp"}}}}"#
-    )
+    let mut headers: Vec<(&str, String)> = testkit::standard_headers(secret, testkit::webhook::now(), body);
+    headers.extend(extra.iter().map(|(k, v)| (*k, (*v).to_owned())));
+    testkit::webhook::post(http, &format!("{ingest_url}{WEBHOOK_PATH}"), body, &headers).await
 }

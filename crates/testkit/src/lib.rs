@@ -25,6 +25,8 @@
 //! - [`bin`]: the workspace root and its built binaries, for tests that run processes.
 //! - [`process`]: a server process that announces itself on stdout.
 //! - [`metrics`]: Prometheus text, parsed for assertions.
+//! - [`webhook`]: a provider's delivery: an [`event`] body, signed, posted,
+//!   and the order it is for.
 #![forbid(unsafe_code)]
 #![expect(
     clippy::unwrap_used,
@@ -44,6 +46,7 @@ pub mod poll;
 pub mod process;
 pub mod roles;
 pub mod url;
+pub mod webhook;
 
 pub use bin::{run_cli, workspace_root};
 pub use cluster::{PrivateCluster, admin_url};
@@ -55,3 +58,4 @@ pub use pgbouncer::PgBouncer;
 pub use poll::{count, wait_for_count};
 pub use roles::{ROLE_PASSWORD, Role, login_url};
 pub use url::{port_of, url_with_dbname, url_with_port, url_with_user};
+pub use webhook::{SECRET, event, insert_order, standard_headers};

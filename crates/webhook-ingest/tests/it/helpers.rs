@@ -3,15 +3,14 @@
 //! proves the role's grants suffice. The test's own connection (`client`:
 //! set-up and inspection) is the cluster's superuser.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use clap::Parser as _;
 use testkit::TestDb;
+pub use testkit::webhook::{SECRET, event, now, standard_headers};
 use tokio_util::sync::CancellationToken;
 use webhook_ingest::config::Cli;
+use webhook_ingest::http::WEBHOOK_PATH;
 use webhook_ingest::startup::Application;
 
-pub const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 pub const OTHER_SECRET: &str = "whsec_QUJDREVGR0hJSktMTU5PUA==";
 pub const STRIPE_SECRET: &str = "sk_test_stripe_style_secret";
 
@@ -29,10 +28,6 @@ pub fn init_test_logs() {
     if std::env::var_os("TEST_LOG").is_some() {
         process::logs::init(process::LogFormat::Pretty);
     }
-}
-
-pub fn now() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() as i64
 }
 
 pub async fn spawn_app() -> TestApp {
@@ -86,26 +81,6 @@ pub async fn spawn_app_on(database_url: &str, extra: &[&str]) -> TestApp {
     }
 }
 
-pub fn event(id: &str, kind: &str, payment_id: &str) -> String {
-    format!(
-        r#"{{"id":"{id}","type":"{kind}","created":1700000000,"data":{{"payment_id":"{payment_id}","amount":4200,"currency":"gbp"}}}}"#
-    )
-}
-
-/// Standard Webhooks headers for `body`, signed with `secret` at `ts`.
-pub fn standard_headers(secret: &str, ts: i64, body: &str) -> Vec<(&'static str, String)> {
-    let key = signature::Secret::parse(signature::Scheme::Standard, secret).unwrap();
-    let msg_id = format!("msg_{}", ts ^ body.len() as i64);
-    vec![
-        ("webhook-id", msg_id.clone()),
-        ("webhook-timestamp", ts.to_string()),
-        (
-            "webhook-signature",
-            signature::sign_standard(&key, &msg_id, ts, body.as_bytes()),
-        ),
-    ]
-}
-
 /// Posts `body` to the ingest at `url` with `headers`: [`TestApp::post_with`]
 /// for a task that holds only the client and the URL.
 pub async fn post_to(
@@ -114,14 +89,9 @@ pub async fn post_to(
     body: &str,
     headers: &[(&'static str, String)],
 ) -> reqwest::Response {
-    let mut req = http
-        .post(format!("{url}/webhooks/payments"))
-        .header("content-type", "application/json")
-        .body(body.to_owned());
-    for (k, v) in headers {
-        req = req.header(*k, v);
-    }
-    req.send().await.expect("request sent")
+    testkit::webhook::post(http, &format!("{url}{WEBHOOK_PATH}"), body, headers)
+        .await
+        .expect("request sent")
 }
 
 /// The ingest's sessions of the test's database waiting for a lock.
@@ -178,17 +148,11 @@ impl TestApp {
     }
 
     pub async fn insert_order(&self, id: i64, payment_id: &str, status: &str) {
-        self.client
-            .execute(
-                "INSERT INTO orders (id, payment_id, status) VALUES ($1, $2, $3)",
-                &[&id, &payment_id, &status],
-            )
-            .await
-            .unwrap();
+        testkit::insert_order(&self.client, id, payment_id, status).await;
     }
 
     pub async fn count(&self, sql: &str) -> i64 {
-        self.client.query_one(sql, &[]).await.unwrap().get::<_, i64>(0)
+        testkit::count(&self.client, sql).await
     }
 
     pub async fn order_status(&self, id: i64) -> String {
