@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use simulator::downstream::{DownstreamConfig, Faults, Latency};
 use testkit::{PrivateCluster, Role};
 
-use crate::harness::{Proc, SECRET, TempDir};
+use crate::harness::{Proc, SECRET, TempDir, wait_ready};
 use crate::progress::{Progress, thousands};
 
 fn setting(name: &str, default: u64) -> u64 {
@@ -35,6 +35,7 @@ fn setting(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
+#[derive(Default)]
 struct Tally {
     events: u64,
     deliveries: u64,
@@ -150,80 +151,118 @@ fn relay_env(url: &str, downstream: &str) -> Vec<(String, String)> {
     ]
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn exactly_once_effects_survive_kills_restarts_and_a_faulty_downstream() {
-    let events = setting("CHAOS_EVENTS", 3000);
-    let rate = setting("CHAOS_RATE", 50);
-    let dir = TempDir(std::env::temp_dir().join(format!("chaos-{}", testkit::free_port())));
-    std::fs::create_dir_all(&dir.0).unwrap();
+/// The stack under test: a private cluster (so it can be restarted), two
+/// ingests and two relays logged in with least privilege, and a faulty
+/// downstream.
+struct Stack {
+    dir: TempDir,
+    cluster: PrivateCluster,
+    url: String,
+    ingest_url: String,
+    relay_url: String,
+    downstream: simulator::downstream::RunningDownstream,
+    ports: Ports,
+    ingests: Vec<Proc>,
+    relays: Vec<Proc>,
+}
 
-    let cluster = PrivateCluster::start().expect("a private cluster");
-    let url = cluster.migrated_database("chaos").await.unwrap();
-    let client = testkit::TestDb::connect_url(&url).await;
-    client
-        .execute(
-            "INSERT INTO orders (id, payment_id) SELECT n, 'pay_' || n FROM generate_series(1, $1::int8) n",
-            &[&(events as i64)],
-        )
+impl Stack {
+    async fn start(orders: u64) -> Self {
+        let dir = TempDir(std::env::temp_dir().join(format!("chaos-{}", testkit::free_port())));
+        std::fs::create_dir_all(&dir.0).unwrap();
+        let cluster = PrivateCluster::start().expect("a private cluster");
+        let url = cluster.migrated_database("chaos").await.unwrap();
+        let client = testkit::TestDb::connect_url(&url).await;
+        client
+            .execute(
+                "INSERT INTO orders (id, payment_id) SELECT n, 'pay_' || n FROM generate_series(1, $1::int8) n",
+                &[&(orders as i64)],
+            )
+            .await
+            .unwrap();
+        drop(client);
+        // The services log in with least privilege, as in production.
+        let ingest_url = testkit::login_url(&url, Role::Ingest).await;
+        let relay_url = testkit::login_url(&url, Role::Relay).await;
+
+        let downstream = simulator::downstream::spawn(DownstreamConfig {
+            faults: Faults {
+                latency_ms: Latency::Uniform { low: 1.0, high: 30.0 },
+                error_rate: 0.05,
+                rate_429: 0.02,
+                retry_after_secs: 1,
+                reset_rate: 0.01,
+                ..Faults::default()
+            },
+            ..DownstreamConfig::default()
+        })
         .await
         .unwrap();
-    drop(client);
-    // The services log in with least privilege, as in production.
-    let ingest_url = testkit::login_url(&url, Role::Ingest).await;
-    let relay_url = testkit::login_url(&url, Role::Relay).await;
 
-    let downstream = simulator::downstream::spawn(DownstreamConfig {
-        faults: Faults {
-            latency_ms: Latency::Uniform { low: 1.0, high: 30.0 },
-            error_rate: 0.05,
-            rate_429: 0.02,
-            retry_after_secs: 1,
-            reset_rate: 0.01,
-            ..Faults::default()
-        },
-        ..DownstreamConfig::default()
-    })
-    .await
-    .unwrap();
-
-    let ports = Ports {
-        ingest: [testkit::free_port(), testkit::free_port()],
-        ingest_admin: [testkit::free_port(), testkit::free_port()],
-    };
-    let mut ingests = vec![
-        Proc::spawn("webhook-ingest", &ingest_env(&ingest_url, &ports, 0), &dir.0),
-        Proc::spawn("webhook-ingest", &ingest_env(&ingest_url, &ports, 1), &dir.0),
-    ];
-    let mut relays = vec![
-        Proc::spawn("outbox-relay", &relay_env(&relay_url, &downstream.url()), &dir.0),
-        Proc::spawn("outbox-relay", &relay_env(&relay_url, &downstream.url()), &dir.0),
-    ];
-    let http = testkit::http();
-    for port in ports.ingest_admin {
-        wait_ready(&http, port).await;
+        let ports = Ports {
+            ingest: [testkit::free_port(), testkit::free_port()],
+            ingest_admin: [testkit::free_port(), testkit::free_port()],
+        };
+        let mut stack = Self {
+            dir,
+            cluster,
+            url,
+            ingest_url,
+            relay_url,
+            downstream,
+            ports,
+            ingests: Vec::new(),
+            relays: Vec::new(),
+        };
+        stack.ingests = vec![stack.ingest(0), stack.ingest(1)];
+        stack.relays = vec![stack.relay(), stack.relay()];
+        let http = testkit::http();
+        for port in stack.ports.ingest_admin {
+            wait_ready(&http, &format!("http://127.0.0.1:{port}")).await;
+        }
+        stack
     }
 
-    let ack_file = dir.0.join("acks.jsonl");
-    let provider_env = vec![
-        (
-            "PROVIDER_TARGET".to_owned(),
-            format!(
-                "http://127.0.0.1:{},http://127.0.0.1:{}",
-                ports.ingest[0], ports.ingest[1]
+    fn ingest(&self, i: usize) -> Proc {
+        Proc::spawn(
+            "webhook-ingest",
+            &ingest_env(&self.ingest_url, &self.ports, i),
+            &self.dir.0,
+        )
+    }
+
+    fn relay(&self) -> Proc {
+        Proc::spawn(
+            "outbox-relay",
+            &relay_env(&self.relay_url, &self.downstream.url()),
+            &self.dir.0,
+        )
+    }
+
+    /// The simulated provider: `events` payments and refunds at `rate`,
+    /// with duplicates (concurrent bursts, late redeliveries), a few for no
+    /// order and of types the ingest ignores, to both ingests; what it was
+    /// told per event goes to `ack_file`.
+    fn provider(&self, events: u64, rate: u64, ack_file: &std::path::Path) -> Proc {
+        let env = vec![
+            (
+                "PROVIDER_TARGET".to_owned(),
+                format!(
+                    "http://127.0.0.1:{},http://127.0.0.1:{}",
+                    self.ports.ingest[0], self.ports.ingest[1]
+                ),
             ),
-        ),
-        ("PROVIDER_SECRET".to_owned(), SECRET.to_owned()),
-    ];
-    let mut provider = Proc::spawn_with_args(
-        "simulator",
-        &[
+            ("PROVIDER_SECRET".to_owned(), SECRET.to_owned()),
+        ];
+        let (rate, events) = (rate.to_string(), events.to_string());
+        let args = [
             "provider",
             "--rate",
-            &rate.to_string(),
+            &rate,
             "--events",
-            &events.to_string(),
+            &events,
             "--orders",
-            &events.to_string(),
+            &events,
             "--duplicate-rate",
             "0.1",
             "--duplicate-delay-ms",
@@ -248,76 +287,78 @@ async fn exactly_once_effects_survive_kills_restarts_and_a_faulty_downstream() {
             ack_file.to_str().unwrap(),
             "--json",
             "--no-progress",
-        ],
-        &provider_env,
-        &dir.0,
-    );
+        ];
+        Proc::spawn_with_args("simulator", &args, &env, &self.dir.0)
+    }
 
-    // The chaos, beside the load.
+    fn stop_services(&mut self) {
+        for p in self.relays.iter_mut().chain(self.ingests.iter_mut()) {
+            p.stop(Duration::from_secs(10));
+        }
+    }
+}
+
+/// The chaos beside the provider's load, until the provider exits: a relay
+/// SIGKILLed and replaced every 4 s, one ingest SIGKILLed at 30% of the
+/// main phase and restarted, Postgres fast-shut-down at 55% and restarted.
+async fn chaos(
+    stack: &mut Stack,
+    provider: &mut Proc,
+    events: u64,
+    rate: u64,
+    tally: &mut Tally,
+    progress: &mut Progress,
+) {
     let main_phase = Duration::from_secs_f64(events as f64 / rate as f64);
     let started = Instant::now();
-    let mut progress = Progress::start("chaos");
     progress.note(&format!(
         "sending {} events at {rate}/s (about {:.0} s), then late duplicates; a relay SIGKILLed every 4 s",
         thousands(events),
         main_phase.as_secs_f64()
     ));
-    let mut recorded = Recorded::new(&url);
+    let mut recorded = Recorded::new(&stack.url);
     let mut last_recorded = (0, 0);
-    let mut tally = Tally {
-        events,
-        deliveries: 0,
-        duplicates: 0,
-        relay_kills: 0,
-        ingest_kills: 0,
-        postgres_restarts: 0,
-        requests: 0,
-        effects: 0,
-        double_effects: 0,
-    };
     let ingest_kill_at = main_phase.mul_f64(0.3);
     let restart_at = main_phase.mul_f64(0.55);
     let mut next_relay_kill = Duration::from_secs(3);
-    let mut killed_relay = 0usize;
     while provider.child.try_wait().unwrap().is_none() {
         let now = started.elapsed();
         if now >= next_relay_kill {
-            let victim = killed_relay % relays.len();
-            relays[victim].signal("KILL");
-            relays[victim] = Proc::spawn("outbox-relay", &relay_env(&relay_url, &downstream.url()), &dir.0);
-            killed_relay += 1;
+            let victim = tally.relay_kills as usize % stack.relays.len();
+            stack.relays[victim].signal("KILL");
+            stack.relays[victim] = stack.relay();
             tally.relay_kills += 1;
             next_relay_kill = now + Duration::from_secs(4);
         }
         if tally.ingest_kills == 0 && now >= ingest_kill_at {
             progress.note("SIGKILL one ingest of two, restarted 0.8 s later");
-            ingests[0].signal("KILL");
-            let _ = ingests[0].child.wait();
+            stack.ingests[0].signal("KILL");
+            let _ = stack.ingests[0].child.wait();
             tokio::time::sleep(Duration::from_millis(800)).await;
-            ingests[0] = Proc::spawn("webhook-ingest", &ingest_env(&ingest_url, &ports, 0), &dir.0);
+            stack.ingests[0] = stack.ingest(0);
             tally.ingest_kills += 1;
         }
         if tally.postgres_restarts == 0 && now >= restart_at {
             progress.note("Postgres: fast shutdown, restarted 2 s later");
-            cluster.stop().expect("fast shutdown");
+            stack.cluster.stop().expect("fast shutdown");
             tokio::time::sleep(Duration::from_secs(2)).await;
-            cluster.resume().expect("restart");
+            stack.cluster.resume().expect("restart");
             tally.postgres_restarts += 1;
             progress.note("Postgres: restarted");
         }
         if progress.due() {
+            let read = recorded.read().await;
+            last_recorded = read.unwrap_or(last_recorded);
             let phase = if now < main_phase {
                 "sending"
             } else {
                 "late duplicates and retries"
             };
-            let read = recorded.read().await;
-            last_recorded = read.unwrap_or(last_recorded);
-            let totals = downstream.totals();
             // The provider's schedule (open loop at `rate`), started just before `started`.
             let sent = ((now.as_secs_f64() * rate as f64) as u64)
                 .max(last_recorded.0)
                 .min(events);
+            let totals = stack.downstream.totals();
             progress.line(
                 phase,
                 &format!(
@@ -352,6 +393,15 @@ async fn exactly_once_effects_survive_kills_restarts_and_a_faulty_downstream() {
         tally.ingest_kills == 1 && tally.postgres_restarts == 1,
         "the run ended before the chaos"
     );
+}
+
+/// The provider's summary: it got a 2xx for every event.
+fn provider_summary(
+    provider: &Proc,
+    events: u64,
+    tally: &mut Tally,
+    progress: &Progress,
+) -> serde_json::Value {
     let summary: serde_json::Value = serde_json::from_str(provider.log().lines().last().unwrap_or("{}"))
         .unwrap_or_else(|e| panic!("provider summary: {e}: {}", provider.log()));
     tally.deliveries = summary["deliveries"].as_u64().unwrap();
@@ -367,21 +417,17 @@ async fn exactly_once_effects_survive_kills_restarts_and_a_faulty_downstream() {
         thousands(events),
         thousands(tally.deliveries)
     ));
+    summary
+}
 
-    // Let the relays finish (leases of the last killed one expire in 5 s).
-    let client = testkit::TestDb::connect_url(&url).await;
+/// Waits until no outbox row is pending (the leases of the last killed
+/// relay expire in 5 s).
+async fn drain(client: &tokio_postgres::Client, stack: &Stack, progress: &mut Progress) {
     let drained = Instant::now();
     loop {
-        let left: i64 = client
-            .query_one(
-                // A cancelled shipment may keep the lease of a relay killed
-                // while its call was under way: that outcome never comes.
-                "SELECT count(*) FROM outbox WHERE status = 'pending'",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0);
+        // A cancelled shipment may keep the lease of a relay killed while
+        // its call was under way: that outcome never comes.
+        let left = testkit::count(client, "SELECT count(*) FROM outbox WHERE status = 'pending'").await;
         if left == 0 {
             break;
         }
@@ -390,7 +436,7 @@ async fn exactly_once_effects_survive_kills_restarts_and_a_faulty_downstream() {
             "{left} rows still pending or leased"
         );
         if progress.due() {
-            let totals = downstream.totals();
+            let totals = stack.downstream.totals();
             progress.line(
                 "draining",
                 &format!(
@@ -405,16 +451,18 @@ async fn exactly_once_effects_survive_kills_restarts_and_a_faulty_downstream() {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    for relay in &mut relays {
-        relay.stop(Duration::from_secs(10));
-    }
-    for ingest in &mut ingests {
-        ingest.stop(Duration::from_secs(10));
-    }
     progress.note("drained; checking every acknowledgement and effect");
+}
 
-    // What the provider was told, per event.
-    let acks: Vec<serde_json::Value> = std::fs::read_to_string(&ack_file)
+/// What the provider was told, per event, against the database: every
+/// acknowledgement recorded with its status. Returns the acknowledged
+/// events and every recorded event's status.
+async fn check_acknowledgements(
+    client: &tokio_postgres::Client,
+    ack_file: &std::path::Path,
+    events: u64,
+) -> (HashSet<String>, HashMap<String, String>) {
+    let acks: Vec<serde_json::Value> = std::fs::read_to_string(ack_file)
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
@@ -425,7 +473,6 @@ async fn exactly_once_effects_survive_kills_restarts_and_a_faulty_downstream() {
         .filter(|a| a["acknowledged"] == true)
         .map(|a| a["event_id"].as_str().unwrap().to_owned())
         .collect();
-    // The database agrees with every acknowledgement, status included.
     let recorded: HashMap<String, String> = client
         .query("SELECT event_id, status FROM processed_events", &[])
         .await
@@ -443,8 +490,18 @@ async fn exactly_once_effects_survive_kills_restarts_and_a_faulty_downstream() {
             recorded.get(id)
         );
     }
+    (acknowledged, recorded)
+}
 
-    // Outbox rows: all finished; their effects at the downstream, exactly.
+/// Outbox rows: all finished, each enqueued by an acknowledged event; their
+/// effects at the downstream, exactly: one per done row, at most one per
+/// cancelled row, none without a row, none doubled.
+async fn check_effects(
+    client: &tokio_postgres::Client,
+    stack: &Stack,
+    acknowledged: &HashSet<String>,
+    tally: &mut Tally,
+) {
     let rows: Vec<(String, String, String)> = client
         .query("SELECT idempotency_key, status, event_id FROM outbox", &[])
         .await
@@ -452,7 +509,7 @@ async fn exactly_once_effects_survive_kills_restarts_and_a_faulty_downstream() {
         .into_iter()
         .map(|r| (r.get(0), r.get(1), r.get(2)))
         .collect();
-    let stats = downstream.stats();
+    let stats = stack.downstream.stats();
     let keys = stats.keys.as_ref().unwrap();
     for (key, status, event_id) in &rows {
         assert!(
@@ -494,12 +551,35 @@ async fn exactly_once_effects_survive_kills_restarts_and_a_faulty_downstream() {
         with_effect("done"),
         rows.iter().filter(|(_, s, _)| s == "done").count()
     );
+    assert!(stats.requests > stats.effects, "the faults made the relays retry");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_effects_survive_kills_restarts_and_a_faulty_downstream() {
+    let events = setting("CHAOS_EVENTS", 3000);
+    let rate = setting("CHAOS_RATE", 50);
+    let mut stack = Stack::start(events).await;
+    let ack_file = stack.dir.0.join("acks.jsonl");
+    let mut provider = stack.provider(events, rate, &ack_file);
+    let mut tally = Tally {
+        events,
+        ..Tally::default()
+    };
+
+    let mut progress = Progress::start("chaos");
+    chaos(&mut stack, &mut provider, events, rate, &mut tally, &mut progress).await;
+    let summary = provider_summary(&provider, events, &mut tally, &progress);
+    let client = testkit::TestDb::connect_url(&stack.url).await;
+    drain(&client, &stack, &mut progress).await;
+    stack.stop_services();
+
+    let (acknowledged, recorded) = check_acknowledgements(&client, &ack_file, events).await;
+    check_effects(&client, &stack, &acknowledged, &mut tally).await;
     let processed = recorded.values().filter(|s| *s == "processed").count();
     assert!(
         processed as u64 > events / 2,
         "most events paid an order: {processed}"
     );
-    assert!(stats.requests > stats.effects, "the faults made the relays retry");
 
     eprintln!("{tally}");
     eprintln!(
@@ -514,23 +594,4 @@ async fn exactly_once_effects_survive_kills_restarts_and_a_faulty_downstream() {
     let out = testkit::workspace_root().join("target/chaos");
     let _ = std::fs::create_dir_all(&out);
     let _ = std::fs::write(out.join("tally.txt"), format!("{tally}\nprovider: {summary}\n"));
-}
-
-async fn wait_ready(http: &reqwest::Client, admin_port: u16) {
-    let started = Instant::now();
-    loop {
-        if let Ok(r) = http
-            .get(format!("http://127.0.0.1:{admin_port}/readyz"))
-            .send()
-            .await
-            && r.status() == 200
-        {
-            return;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "not ready: {admin_port}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }

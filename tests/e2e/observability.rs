@@ -52,6 +52,22 @@ fn assert_database_span(span: &ReceivedSpan, stack: &Stack) {
 /// of their own, and every span names the service's version.
 #[tokio::test]
 async fn one_trace_holds_the_event_from_webhook_to_every_downstream_call() {
+    let (stack, all) = one_traced_payment_with_a_retried_shipment().await;
+    no_secret_or_body_in_a_span(&all);
+    let spans: Vec<_> = all
+        .iter()
+        .filter(|s| s.trace_id == PROVIDER_TRACE)
+        .cloned()
+        .collect();
+    let server = the_ingest_span_continues_the_provider_trace(&spans, &stack);
+    the_relays_statements_are_roots_naming_their_table(&all, &stack);
+    each_attempt_is_a_child_of_the_ingest_span(&spans, server);
+    the_downstream_received_the_trace(&spans, &stack);
+}
+
+/// Order 41's payment, traced by its provider, whose shipment fails once
+/// (500) and is retried; the stack stopped, so every span is flushed.
+async fn one_traced_payment_with_a_retried_shipment() -> (Stack, Vec<ReceivedSpan>) {
     let mut stack = Stack::start(StackOptions {
         otlp: true,
         ..Default::default()
@@ -100,7 +116,12 @@ async fn one_trace_holds_the_event_from_webhook_to_every_downstream_call() {
     stack.relay.stop(Duration::from_secs(60));
 
     let all = stack.otlp.as_ref().unwrap().spans();
-    for s in &all {
+    (stack, all)
+}
+
+/// Every span names the build, and none carries the signature or the body.
+fn no_secret_or_body_in_a_span(all: &[ReceivedSpan]) {
+    for s in all {
         assert_eq!(
             s.resource.get("service.version").map(String::as_str),
             Some(env!("CARGO_PKG_VERSION")),
@@ -117,11 +138,14 @@ async fn one_trace_holds_the_event_from_webhook_to_every_downstream_call() {
             );
         }
     }
-    let spans: Vec<_> = all
-        .iter()
-        .filter(|s| s.trace_id == PROVIDER_TRACE)
-        .cloned()
-        .collect();
+}
+
+/// One server span for the delivery, continuing the provider's traceparent,
+/// with the event's attributes, the verification and the recording under it.
+fn the_ingest_span_continues_the_provider_trace<'a>(
+    spans: &'a [ReceivedSpan],
+    stack: &Stack,
+) -> &'a ReceivedSpan {
     let server: Vec<_> = spans
         .iter()
         .filter(|s| s.service == "webhook-ingest" && s.kind == 2)
@@ -150,12 +174,17 @@ async fn one_trace_holds_the_event_from_webhook_to_every_downstream_call() {
         );
     }
     let db = spans.iter().find(|s| s.name == RECORD_PAYMENT).unwrap();
-    assert_database_span(db, &stack);
+    assert_database_span(db, stack);
     // Several operations on several tables: neither is one name.
     assert_eq!(db.attr("db.operation.name"), None);
     assert_eq!(db.attr("db.collection.name"), None);
     assert_eq!((db.status, db.attr("error.type")), (0, None), "it succeeded");
 
+    server
+}
+
+/// The relay's own statements: roots of their own traces.
+fn the_relays_statements_are_roots_naming_their_table(all: &[ReceivedSpan], stack: &Stack) {
     // The relay's own statements: roots of their own traces (their rows
     // are of many events), each naming its one table.
     let claims: Vec<_> = all.iter().filter(|s| s.name == CLAIM).collect();
@@ -163,7 +192,7 @@ async fn one_trace_holds_the_event_from_webhook_to_every_downstream_call() {
     for s in claims.iter().chain(&recordings) {
         assert_eq!(s.service, "outbox-relay");
         assert_eq!(s.parent_span_id, "", "a root: {s:#?}");
-        assert_database_span(s, &stack);
+        assert_database_span(s, stack);
         assert_eq!(s.attr("db.collection.name"), Some("public.outbox"));
         assert_eq!(s.status, 0, "{s:#?}");
     }
@@ -200,7 +229,11 @@ async fn one_trace_holds_the_event_from_webhook_to_every_downstream_call() {
         .count();
     assert!(empty <= 8, "{empty} empty claims traced: {claims:#?}");
     assert_eq!(rows(&recordings), 3, "three verdicts recorded: {recordings:#?}");
+}
 
+/// Two ship attempts and one confirmation, each a child of the ingest's
+/// span, with one client span each.
+fn each_attempt_is_a_child_of_the_ingest_span(spans: &[ReceivedSpan], server: &ReceivedSpan) {
     let dispatches: Vec<_> = spans.iter().filter(|s| s.name == "outbox.dispatch").collect();
     assert_eq!(
         dispatches.len(),
@@ -247,7 +280,10 @@ async fn one_trace_holds_the_event_from_webhook_to_every_downstream_call() {
             ("ship-41".into(), "2".into())
         ]
     );
+}
 
+/// The downstream received the trace, and each request named its client span.
+fn the_downstream_received_the_trace(spans: &[ReceivedSpan], stack: &Stack) {
     // The downstream received the trace, and each request named its client span.
     let stats = stack.downstream.stats();
     let client_ids: Vec<&str> = spans

@@ -29,7 +29,15 @@ async fn both_services_keep_exactly_once_through_pgbouncer_in_transaction_mode()
     for id in 1..=BURST + 1 {
         stack.insert_order(id, &format!("pay_{id}")).await;
     }
-    // A duplicate: the same bytes back, marked as a replay.
+    a_duplicate_gets_the_same_bytes_back(&stack).await;
+    a_burst_is_processed_once_per_event(&stack).await;
+    a_refund_then_every_command_reaches_the_downstream_once(&stack).await;
+    the_pooler_multiplexes_and_the_role_carries_the_settings(&stack, &bouncer).await;
+    operator_commands_work_through_the_pooler(&stack, &bouncer).await;
+}
+
+/// A duplicate: the same bytes back, marked as a replay.
+async fn a_duplicate_gets_the_same_bytes_back(stack: &Stack) {
     let first = stack
         .post(&event("evt_1", "payment.succeeded", "pay_1"), &[])
         .await;
@@ -41,9 +49,11 @@ async fn both_services_keep_exactly_once_through_pgbouncer_in_transaction_mode()
     assert_eq!(again.status(), 200);
     assert_eq!(again.headers()["idempotent-replayed"], "true");
     assert_eq!(again.text().await.unwrap(), first_body);
+}
 
-    // A burst: one event delivered ten times at once, and distinct events
-    // for every other order at the same moment.
+/// One event delivered ten times at once, and distinct events for every
+/// other order at the same moment: one of the ten processed.
+async fn a_burst_is_processed_once_per_event(stack: &Stack) {
     let same = event("evt_burst", "payment.succeeded", &format!("pay_{}", BURST + 1));
     let distinct: Vec<String> = (2..=BURST)
         .map(|id| event(&format!("evt_{id}"), "payment.succeeded", &format!("pay_{id}")))
@@ -64,7 +74,10 @@ async fn both_services_keep_exactly_once_through_pgbouncer_in_transaction_mode()
         fresh_of_same, 1,
         "exactly one of the concurrent deliveries processed"
     );
+}
 
+/// A refund for order 1, then every command's effect counted.
+async fn a_refund_then_every_command_reaches_the_downstream_once(stack: &Stack) {
     // A refund for order 1: refunded, one notice, its shipment cancelled if
     // the relay has not sent it yet, and nothing sent twice either way.
     let refund = stack
@@ -102,7 +115,9 @@ async fn both_services_keep_exactly_once_through_pgbouncer_in_transaction_mode()
             .await,
         10
     );
+}
 
+async fn the_pooler_multiplexes_and_the_role_carries_the_settings(stack: &Stack, bouncer: &PgBouncer) {
     // Multiplexed for real: the ingest's many client connections shared at
     // most the pooler's two server connections.
     let server_connections = stack
@@ -125,13 +140,9 @@ async fn both_services_keep_exactly_once_through_pgbouncer_in_transaction_mode()
         "the ingest opened {ingest_logins} connections to the pooler"
     );
     // The settings the pooler cannot carry come from the role.
-    let through = stack_url(&stack, &bouncer, Role::Ingest);
+    let through = stack_url(stack, bouncer, Role::Ingest);
     let client = testkit::TestDb::connect_url(&through).await;
-    let shown = client.simple_query("SHOW statement_timeout").await.unwrap();
-    let timeout = shown.iter().find_map(|m| match m {
-        tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
-        _ => None,
-    });
+    let timeout = show(&client, "statement_timeout").await;
     assert_eq!(
         timeout.as_deref(),
         Some("5s"),
@@ -139,11 +150,7 @@ async fn both_services_keep_exactly_once_through_pgbouncer_in_transaction_mode()
     );
     // And so does the search_path the services' statements resolve names in
     // (the pooler dropped the test's own `-c search_path=...`).
-    let shown = client.simple_query("SHOW search_path").await.unwrap();
-    let path = shown.iter().find_map(|m| match m {
-        tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
-        _ => None,
-    });
+    let path = show(&client, "search_path").await;
     assert_eq!(
         path.as_deref(),
         Some("pg_catalog"),
@@ -156,7 +163,9 @@ async fn both_services_keep_exactly_once_through_pgbouncer_in_transaction_mode()
     );
     assert!(ok, "{err}");
     assert!(out.contains("evt_refund_1"), "{out}");
+}
 
+async fn operator_commands_work_through_the_pooler(stack: &Stack, bouncer: &PgBouncer) {
     // Operator commands through the pooler: prune (its lock is a
     // transaction lock) and stats, as the relay; events list, as the ingest.
     stack
@@ -167,7 +176,7 @@ async fn both_services_keep_exactly_once_through_pgbouncer_in_transaction_mode()
         )
         .await
         .unwrap();
-    let relay_url = stack_url(&stack, &bouncer, Role::Relay);
+    let relay_url = stack_url(stack, bouncer, Role::Relay);
     let (ok, out, err) = run("outbox-relay", &relay_url, &["prune"]);
     assert!(ok, "{err}");
     assert!(out.contains("pruned"), "{out}");
@@ -182,6 +191,15 @@ async fn both_services_keep_exactly_once_through_pgbouncer_in_transaction_mode()
     assert!(ok, "{err}");
     let stats: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
     assert_eq!(stats["pending"], 0);
+}
+
+/// A setting as the session sees it.
+async fn show(client: &tokio_postgres::Client, setting: &str) -> Option<String> {
+    let shown = client.simple_query(&format!("SHOW {setting}")).await.unwrap();
+    shown.iter().find_map(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
+        _ => None,
+    })
 }
 
 /// The URL of the stack's database as `role` logs in to it through the pooler.

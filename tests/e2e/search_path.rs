@@ -78,6 +78,101 @@ const SHADOWED_CALLS: &str =
 
 #[tokio::test]
 async fn a_role_that_may_create_in_public_cannot_make_the_services_run_its_functions() {
+    let (db, admin) = a_database_where_the_monitor_role_planted_shadows().await;
+    let mut services = start_services(&db).await;
+    let http = testkit::http();
+
+    // A payment (record_event.sql), its shipment and confirmation sent; then
+    // a refund (record_event_stopping_shipment.sql) and its notice; and a type
+    // the ingest ignores (record_claim_only.sql).
+    let paid = post_signed(
+        &http,
+        &services.ingest_url,
+        &event("evt_1", "payment.succeeded", "pay_1"),
+        SECRET,
+        &[],
+    )
+    .await;
+    assert_eq!(paid.status(), 200);
+    let body: serde_json::Value = paid.json().await.unwrap();
+    assert_eq!(
+        body,
+        serde_json::json!({"event_id": "evt_1", "status": "processed", "order_id": 1})
+    );
+    let done = "SELECT count(*) FROM outbox WHERE status = 'done'";
+    testkit::wait_for_count(&admin, done, 2, Duration::from_secs(20)).await;
+    let refunded = post_signed(
+        &http,
+        &services.ingest_url,
+        &event("evt_2", "payment.refunded", "pay_1"),
+        SECRET,
+        &[],
+    )
+    .await;
+    assert_eq!(refunded.status(), 200);
+    let ignored = post_signed(
+        &http,
+        &services.ingest_url,
+        &event("evt_3", "customer.created", "pay_1"),
+        SECRET,
+        &[],
+    )
+    .await;
+    assert_eq!(ignored.status(), 200);
+    let body: serde_json::Value = ignored.json().await.unwrap();
+    assert_eq!(
+        body,
+        serde_json::json!({"event_id": "evt_3", "status": "ignored"})
+    );
+    testkit::wait_for_count(&admin, done, 3, Duration::from_secs(20)).await;
+    services.ingest.stop(Duration::from_secs(10));
+    services.relay.stop(Duration::from_secs(15));
+
+    let calls: Vec<String> = admin
+        .query("SELECT who || ' called ' || what FROM public.hijacked", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(
+        calls.is_empty(),
+        "the services ran the monitor role's functions: {calls:?}"
+    );
+    // And the effects are the real functions' and operators'.
+    let order: String = admin
+        .query_one("SELECT status FROM orders WHERE id = 1", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(order, "refunded");
+    let keys: Vec<String> = admin
+        .query(
+            "SELECT idempotency_key || ' ' || payload::text FROM outbox ORDER BY idempotency_key",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            r#"conf-1 {"v": 1, "event_id": "evt_1", "order_id": 1}"#,
+            r#"refund-1 {"v": 1, "event_id": "evt_2", "order_id": 1}"#,
+            r#"ship-1 {"v": 1, "event_id": "evt_1", "order_id": 1}"#,
+        ]
+    );
+    let stats = services.downstream.stats();
+    assert_eq!((stats.effects, stats.double_effects), (3, 0), "{stats:?}");
+}
+
+/// A database where `public` is open to every role, and the monitor role has
+/// planted functions and operators that shadow the catalog's (proven to win
+/// on the default search_path); the services' roles start their sessions on
+/// that default path here, so only their own pinning protects them.
+async fn a_database_where_the_monitor_role_planted_shadows() -> (TestDb, tokio_postgres::Client) {
     let db = TestDb::new().await;
     let admin = db.client().await;
     admin
@@ -132,7 +227,19 @@ async fn a_role_that_may_create_in_public_cannot_make_the_services_run_its_funct
             .unwrap();
     }
 
-    // Both services, as their roles, sessions as they open them.
+    (db, admin)
+}
+
+struct Services {
+    ingest: Proc,
+    relay: Proc,
+    ingest_url: String,
+    downstream: simulator::downstream::RunningDownstream,
+    _dir: TempDir,
+}
+
+/// Both services, as their roles, sessions as they open them.
+async fn start_services(db: &TestDb) -> Services {
     let downstream = simulator::downstream::spawn(DownstreamConfig::default())
         .await
         .unwrap();
@@ -140,7 +247,7 @@ async fn a_role_that_may_create_in_public_cannot_make_the_services_run_its_funct
     std::fs::create_dir_all(&dir.0).unwrap();
     let (ingest_port, ingest_admin, relay_admin) =
         (testkit::free_port(), testkit::free_port(), testkit::free_port());
-    let mut ingest = Proc::spawn(
+    let ingest = Proc::spawn(
         "webhook-ingest",
         &[
             ("DATABASE_URL".into(), db.url_as(Role::Ingest)),
@@ -150,7 +257,7 @@ async fn a_role_that_may_create_in_public_cannot_make_the_services_run_its_funct
         ],
         &dir.0,
     );
-    let mut relay = Proc::spawn(
+    let relay = Proc::spawn(
         "outbox-relay",
         &[
             ("DATABASE_URL".into(), db.url_as(Role::Relay)),
@@ -164,92 +271,13 @@ async fn a_role_that_may_create_in_public_cannot_make_the_services_run_its_funct
     let http = testkit::http();
     wait_ready(&http, &format!("http://127.0.0.1:{ingest_admin}")).await;
     wait_ready(&http, &format!("http://127.0.0.1:{relay_admin}")).await;
-    let ingest_url = format!("http://127.0.0.1:{ingest_port}");
-
-    // A payment (record_event.sql), its shipment and confirmation sent; then
-    // a refund (record_event_stopping_shipment.sql) and its notice; and a type
-    // the ingest ignores (record_claim_only.sql).
-    let paid = post_signed(
-        &http,
-        &ingest_url,
-        &event("evt_1", "payment.succeeded", "pay_1"),
-        SECRET,
-        &[],
-    )
-    .await;
-    assert_eq!(paid.status(), 200);
-    let body: serde_json::Value = paid.json().await.unwrap();
-    assert_eq!(
-        body,
-        serde_json::json!({"event_id": "evt_1", "status": "processed", "order_id": 1})
-    );
-    let done = "SELECT count(*) FROM outbox WHERE status = 'done'";
-    testkit::wait_for_count(&admin, done, 2, Duration::from_secs(20)).await;
-    let refunded = post_signed(
-        &http,
-        &ingest_url,
-        &event("evt_2", "payment.refunded", "pay_1"),
-        SECRET,
-        &[],
-    )
-    .await;
-    assert_eq!(refunded.status(), 200);
-    let ignored = post_signed(
-        &http,
-        &ingest_url,
-        &event("evt_3", "customer.created", "pay_1"),
-        SECRET,
-        &[],
-    )
-    .await;
-    assert_eq!(ignored.status(), 200);
-    let body: serde_json::Value = ignored.json().await.unwrap();
-    assert_eq!(
-        body,
-        serde_json::json!({"event_id": "evt_3", "status": "ignored"})
-    );
-    testkit::wait_for_count(&admin, done, 3, Duration::from_secs(20)).await;
-    ingest.stop(Duration::from_secs(10));
-    relay.stop(Duration::from_secs(15));
-
-    let calls: Vec<String> = admin
-        .query("SELECT who || ' called ' || what FROM public.hijacked", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    assert!(
-        calls.is_empty(),
-        "the services ran the monitor role's functions: {calls:?}"
-    );
-    // And the effects are the real functions' and operators'.
-    let order: String = admin
-        .query_one("SELECT status FROM orders WHERE id = 1", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(order, "refunded");
-    let keys: Vec<String> = admin
-        .query(
-            "SELECT idempotency_key || ' ' || payload::text FROM outbox ORDER BY idempotency_key",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    assert_eq!(
-        keys,
-        [
-            r#"conf-1 {"v": 1, "event_id": "evt_1", "order_id": 1}"#,
-            r#"refund-1 {"v": 1, "event_id": "evt_2", "order_id": 1}"#,
-            r#"ship-1 {"v": 1, "event_id": "evt_1", "order_id": 1}"#,
-        ]
-    );
-    let stats = downstream.stats();
-    assert_eq!((stats.effects, stats.double_effects), (3, 0), "{stats:?}");
+    Services {
+        ingest,
+        relay,
+        ingest_url: format!("http://127.0.0.1:{ingest_port}"),
+        downstream,
+        _dir: dir,
+    }
 }
 
 #[tokio::test]

@@ -149,7 +149,89 @@ async fn network_faults_between_relay_and_downstream_never_double_an_effect() {
     )
     .await;
 
-    let phases = [
+    let run = through_the_faults(&env, &proxy).await;
+    eprintln!("{}", run.lines.join("\n"));
+    relay.signal("TERM");
+    let (code, stderr) = relay.wait(Duration::from_secs(10));
+    assert_eq!(code, Some(0), "{stderr}");
+
+    // Every row done, none left leased.
+    assert_eq!(env.count(DONE).await, ROWS);
+    assert_eq!(
+        env.count("SELECT count(*) FROM outbox WHERE lease_owner IS NOT NULL OR leased_until IS NOT NULL")
+            .await,
+        0,
+        "no row left leased"
+    );
+
+    // Exactly one effect per key, by the downstream's own records.
+    let stats = env.stats().await;
+    let keys = stats.keys.as_ref().expect("stats with keys");
+    assert_eq!(keys.len() as i64, ROWS);
+    for (key, k) in keys {
+        assert_eq!(
+            k.effects, 1,
+            "{key}: {} requests, statuses {:?}",
+            k.requests, k.statuses
+        );
+    }
+    assert_eq!(stats.effects as i64, ROWS);
+    assert_eq!(stats.double_effects, 0, "{:?}", stats.double_effect_targets);
+
+    the_faults_really_happened(&stats, &run);
+}
+
+/// What the phases did: the table's lines, each phase's tally, the total.
+struct Run {
+    lines: Vec<String>,
+    deltas: Vec<(&'static str, Tally)>,
+    total: Tally,
+}
+
+/// The faults in turn, each for its time, then healed until every row is
+/// done; the proxy's and the downstream's counts per phase.
+async fn through_the_faults(env: &Env, proxy: &RunningProxy) -> Run {
+    let started = Instant::now();
+    let mut lines = vec![HEADER.to_owned()];
+    let mut deltas = Vec::new();
+    let mut before = Tally::take(env, proxy).await;
+    for (phase, faults, lasting) in phases() {
+        let at = Instant::now();
+        proxy.set_faults(faults).unwrap();
+        // Meanwhile, watch for rows the relay still holds past their lease
+        // (claimed, neither sent nor recorded in time): another relay could
+        // take and send them while this one still means to.
+        let mut overdue = 0;
+        while at.elapsed() < lasting {
+            overdue = overdue.max(env.count(HELD_PAST_LEASE).await);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let now = Tally::take(env, proxy).await;
+        let delta = now.since(&before);
+        lines.push(format!("{} {overdue:>7}", delta.row(phase, at.elapsed())));
+        deltas.push((phase, delta));
+        before = now;
+    }
+
+    // Healed: everything gets through.
+    let healed_at = Instant::now();
+    proxy.set_faults(Faults::default()).unwrap();
+    env.wait_for(DONE, ROWS, Duration::from_secs(20)).await;
+    let end = Tally::take(env, proxy).await;
+    lines.push(
+        end.since(&before)
+            .row("healed, until all done", healed_at.elapsed()),
+    );
+    let total = end.since(&Tally::default());
+    lines.push(total.row("total", started.elapsed()));
+
+    Run { lines, deltas, total }
+}
+
+/// The faults, healthy first: a delay past the relay's timeout, the answer
+/// cut, a black hole, connections refused.
+fn phases() -> [(&'static str, Faults, Duration); 5] {
+    [
         ("healthy", Faults::default(), Duration::from_millis(500)),
         (
             "delay 800 ms (timeout 500)",
@@ -183,78 +265,20 @@ async fn network_faults_between_relay_and_downstream_never_double_an_effect() {
             },
             FAULT_FOR,
         ),
-    ];
-    let started = Instant::now();
-    let mut lines = vec![HEADER.to_owned()];
-    let mut deltas = Vec::new();
-    let mut before = Tally::take(&env, &proxy).await;
-    for (phase, faults, lasting) in phases {
-        let at = Instant::now();
-        proxy.set_faults(faults).unwrap();
-        // Meanwhile, watch for rows the relay still holds past their lease
-        // (claimed, neither sent nor recorded in time): another relay could
-        // take and send them while this one still means to.
-        let mut overdue = 0;
-        while at.elapsed() < lasting {
-            overdue = overdue.max(env.count(HELD_PAST_LEASE).await);
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let now = Tally::take(&env, &proxy).await;
-        let delta = now.since(&before);
-        lines.push(format!("{} {overdue:>7}", delta.row(phase, at.elapsed())));
-        deltas.push((phase, delta));
-        before = now;
-    }
+    ]
+}
 
-    // Healed: everything gets through.
-    let healed_at = Instant::now();
-    proxy.set_faults(Faults::default()).unwrap();
-    env.wait_for(DONE, ROWS, Duration::from_secs(20)).await;
-    let end = Tally::take(&env, &proxy).await;
-    lines.push(
-        end.since(&before)
-            .row("healed, until all done", healed_at.elapsed()),
-    );
-    let total = end.since(&Tally::default());
-    lines.push(total.row("total", started.elapsed()));
-
-    eprintln!("{}", lines.join("\n"));
-    relay.signal("TERM");
-    let (code, stderr) = relay.wait(Duration::from_secs(10));
-    assert_eq!(code, Some(0), "{stderr}");
-
-    // Every row done, none left leased.
-    assert_eq!(env.count(DONE).await, ROWS);
-    assert_eq!(
-        env.count("SELECT count(*) FROM outbox WHERE lease_owner IS NOT NULL OR leased_until IS NOT NULL")
-            .await,
-        0,
-        "no row left leased"
-    );
-
-    // Exactly one effect per key, by the downstream's own records.
-    let stats = env.stats().await;
+/// The faults really happened, and hid outcomes from the relay.
+fn the_faults_really_happened(stats: &Stats, run: &Run) {
     let keys = stats.keys.as_ref().expect("stats with keys");
-    assert_eq!(keys.len() as i64, ROWS);
-    for (key, k) in keys {
-        assert_eq!(
-            k.effects, 1,
-            "{key}: {} requests, statuses {:?}",
-            k.requests, k.statuses
-        );
-    }
-    assert_eq!(stats.effects as i64, ROWS);
-    assert_eq!(stats.double_effects, 0, "{:?}", stats.double_effect_targets);
-
-    // The faults really happened, and hid outcomes from the relay.
     let retried = keys.values().filter(|k| k.requests > 1).count();
     assert!(retried > 0, "no key was sent twice");
     assert!(
         stats.replays > 0,
         "no request found its work already done: no answer was lost"
     );
-    assert!(total.calls > ROWS, "the relay called more than once per row");
-    let phase = |name: &str| deltas.iter().find(|(p, _)| p.starts_with(name)).unwrap().1;
+    assert!(run.total.calls > ROWS, "the relay called more than once per row");
+    let phase = |name: &str| run.deltas.iter().find(|(p, _)| p.starts_with(name)).unwrap().1;
     let delayed = phase("delay");
     assert!(delayed.delays > 0, "{delayed:?}");
     assert!(

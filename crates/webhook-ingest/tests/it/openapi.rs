@@ -90,6 +90,16 @@ async fn the_document_names_what_the_code_answers() {
     assert_eq!(doc["openapi"], "3.1.0");
     assert_eq!(doc["info"]["version"], env!("CARGO_PKG_VERSION"));
 
+    paths_and_methods_are_the_served_ones(&doc);
+    let post = &doc["paths"][WEBHOOK_PATH]["post"];
+    let responses = post["responses"].as_object().unwrap();
+    every_error_is_documented(&doc, responses).await;
+    the_401_texts_are_the_verifiers(responses);
+    the_200_lists_every_outcome_and_the_replay_header(&doc, responses);
+    the_request_headers_and_limits_are_documented(&doc, post);
+}
+
+fn paths_and_methods_are_the_served_ones(doc: &serde_json::Value) {
     let routes: BTreeMap<&str, Vec<&str>> = doc["paths"]
         .as_object()
         .unwrap()
@@ -116,12 +126,13 @@ async fn the_document_names_what_the_code_answers() {
         routes, served,
         "paths and methods: documented (left), served (right)"
     );
+}
 
-    let post = &doc["paths"][WEBHOOK_PATH]["post"];
-    let responses = post["responses"].as_object().unwrap();
+type Responses = serde_json::Map<String, serde_json::Value>;
 
-    // Every error the handler can answer: its status, content type, header
-    // and exact text are documented.
+/// Every error the handler can answer: its status, content type, header and
+/// exact text are documented, and no other status is.
+async fn every_error_is_documented(doc: &serde_json::Value, responses: &Responses) {
     let mut statuses = BTreeSet::from([StatusCode::OK.as_u16().to_string()]);
     for error in every_error() {
         let response = error.response();
@@ -142,7 +153,7 @@ async fn the_document_names_what_the_code_answers() {
         );
         match response.headers().get("retry-after") {
             Some(value) => {
-                let header = resolve(&doc, &documented["headers"]["Retry-After"]);
+                let header = resolve(doc, &documented["headers"]["Retry-After"]);
                 assert_eq!(header["required"], true, "{status}: Retry-After");
                 assert_eq!(
                     header["schema"]["const"].to_string(),
@@ -184,8 +195,10 @@ async fn the_document_names_what_the_code_answers() {
         documented, statuses,
         "statuses: documented (left), answered (right)"
     );
+}
 
-    // Each 401 text the document lists is one the verifier gives.
+/// Each 401 text the document lists is one the verifier gives.
+fn the_401_texts_are_the_verifiers(responses: &Responses) {
     let unauthorized: BTreeSet<String> = every_verify_error()
         .into_iter()
         .map(|e| IngestError::from(e).to_string())
@@ -201,9 +214,11 @@ async fn the_document_names_what_the_code_answers() {
         listed, unauthorized,
         "401 texts: documented (left), given (right)"
     );
+}
 
-    // A 200: every outcome, and the replay's header.
-    let result = resolve(&doc, &responses["200"]["content"]["application/json"]["schema"]);
+/// A 200: every outcome, and the replay's header.
+fn the_200_lists_every_outcome_and_the_replay_header(doc: &serde_json::Value, responses: &Responses) {
+    let result = resolve(doc, &responses["200"]["content"]["application/json"]["schema"]);
     let outcomes: BTreeSet<&str> = result["properties"]["status"]["enum"]
         .as_array()
         .unwrap()
@@ -215,15 +230,17 @@ async fn the_document_names_what_the_code_answers() {
         EventOutcome::ANSWERS.iter().map(|o| o.as_str()).collect(),
         "200 statuses: documented (left), the domain's (right)"
     );
-    let replayed = resolve(&doc, &responses["200"]["headers"][REPLAYED_HEADER]);
+    let replayed = resolve(doc, &responses["200"]["headers"][REPLAYED_HEADER]);
     assert_eq!(replayed["schema"]["const"], "true", "{REPLAYED_HEADER}");
+}
 
-    // The request: both schemes' headers, and the limits.
+/// The request: both schemes' headers, and the limits.
+fn the_request_headers_and_limits_are_documented(doc: &serde_json::Value, post: &serde_json::Value) {
     let headers: BTreeSet<String> = post["parameters"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|p| resolve(&doc, p))
+        .map(|p| resolve(doc, p))
         .filter(|p| p["in"] == "header")
         .map(|p| p["name"].as_str().unwrap().to_ascii_lowercase())
         .collect();
