@@ -31,7 +31,7 @@ const SHADOWS: &str = r"
 CREATE TABLE public.hijacked (who text, what text);
 GRANT INSERT ON public.hijacked TO PUBLIC;
 
--- The ingest's stored response (record_event.sql, record_event_stopping_shipment.sql):
+-- The ingest's stored response (record_event.sql, for payments and refunds):
 -- jsonb_build_object('event_id', <text>, 'status', <text>, 'order_id', <bigint>).
 CREATE FUNCTION public.jsonb_build_object(text, text, text, text, text, bigint) RETURNS jsonb
 LANGUAGE sql AS $$
@@ -83,7 +83,7 @@ async fn a_role_that_may_create_in_public_cannot_make_the_services_run_its_funct
     let http = testkit::http();
 
     // A payment (record_event.sql), its shipment and confirmation sent; then
-    // a refund (record_event_stopping_shipment.sql) and its notice; and a type
+    // a refund (record_event.sql with its shipment's step) and its notice; and a type
     // the ingest ignores (record_claim_only.sql).
     let paid = post_signed(
         &http,

@@ -18,11 +18,13 @@
 //! the statement takes the entry for the state it finds under lock.
 //!
 //! Each event kind runs the smallest statement that does its work
-//! (`plan::Shape`): `record_event.sql` (payments),
-//! `record_event_stopping_shipment.sql` (refunds: the same with one more
-//! step) or `record_claim_only.sql` (types we ignore). Executor start-up is a
-//! large share of the database's work per webhook, and it grows with every
-//! node in the plan, so no statement carries steps its events never take.
+//! (`plan::Shape`): `record_event.sql` (payments), the same with its
+//! `steps/stop_shipment.sql` step (refunds), or `record_claim_only.sql` (types
+//! we ignore). Executor start-up is a large share of the database's work per
+//! webhook, and it grows with every node in the plan, so no statement carries
+//! steps its events never take. The steps that apply a claimed event
+//! (`steps/`) are written once: `build.rs` includes them in the payment's and
+//! the refund's statements and in `replay_event.sql`.
 //!
 //! The relays are woken by [`wake_relays`] just after the commit, not by a
 //! `NOTIFY` inside the transaction: Postgres serialises every notifying

@@ -23,7 +23,7 @@
 use std::collections::BTreeMap;
 use std::sync::LazyLock;
 
-use domain::{EventKind, EventOutcome, OrderStatus, Transition, transition};
+use domain::{CommandKind, EventKind, EventOutcome, OrderStatus, Transition, transition};
 use serde::Serialize;
 
 /// The plan's key for an event whose payment id no order has. The record
@@ -48,18 +48,28 @@ struct Step {
     set_status: Option<&'static str>,
     /// The commands to enqueue, in this order.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    enqueue: Vec<Enqueue>,
-    /// Stop the order's shipment (see `record_event_stopping_shipment.sql`).
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    stop_shipment: bool,
+    enqueue: Vec<CommandSpec>,
+    /// The order's shipment, to stop (`steps/stop_shipment.sql`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stop_shipment: Option<CommandSpec>,
 }
 
-/// A command to enqueue: its kind and the prefix of its idempotency key (the
-/// statement appends the order's id, as [`domain::CommandKind::idempotency_key`]).
+/// A command as the statement writes its row: its kind and the prefix of
+/// its idempotency key (the statement appends the order's id, as
+/// [`domain::CommandKind::idempotency_key`]).
 #[derive(Debug, Serialize, PartialEq, Eq)]
-struct Enqueue {
+struct CommandSpec {
     kind: &'static str,
     key_prefix: &'static str,
+}
+
+impl From<CommandKind> for CommandSpec {
+    fn from(kind: CommandKind) -> Self {
+        Self {
+            kind: kind.as_str(),
+            key_prefix: kind.key_prefix(),
+        }
+    }
 }
 
 impl From<Transition> for Step {
@@ -67,15 +77,10 @@ impl From<Transition> for Step {
         Self {
             outcome: t.outcome.as_str(),
             set_status: t.set_status.map(OrderStatus::as_str),
-            enqueue: t
-                .enqueue
-                .iter()
-                .map(|kind| Enqueue {
-                    kind: kind.as_str(),
-                    key_prefix: kind.key_prefix(),
-                })
-                .collect(),
-            stop_shipment: t.cancel_pending_shipments,
+            enqueue: t.enqueue.iter().copied().map(CommandSpec::from).collect(),
+            stop_shipment: t
+                .cancel_pending_shipments
+                .then(|| CommandSpec::from(CommandKind::ShipOrder)),
         }
     }
 }
@@ -91,8 +96,8 @@ pub(super) enum Shape {
     ClaimOnly(EventOutcome),
     /// Claim, change the order, enqueue (`record_event.sql`).
     Apply,
-    /// The same, and stop the order's shipment
-    /// (`record_event_stopping_shipment.sql`).
+    /// The same, and stop the order's shipment (`record_event.sql` with its
+    /// `(refunds)` step).
     ApplyStoppingShipment,
 }
 
@@ -179,7 +184,7 @@ mod tests {
                 // Only a paid order has a shipment to stop.
                 "paid": {"outcome": "refunded", "set_status": "refunded", "enqueue": [
                     {"kind": "send_refund_notice", "key_prefix": "refund"},
-                ], "stop_shipment": true},
+                ], "stop_shipment": {"kind": "ship_order", "key_prefix": "ship"}},
                 // A refund of a refunded order changes nothing: one notice per order, ever.
                 "refunded": {"outcome": "refunded"},
             })

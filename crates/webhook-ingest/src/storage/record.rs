@@ -3,7 +3,7 @@
 
 use db::span::Summary;
 use db::{Sql, col};
-use domain::{CommandKind, EventOutcome, PAYLOAD_VERSION, ProviderEvent};
+use domain::{EventOutcome, PAYLOAD_VERSION, ProviderEvent};
 use tokio_postgres::Row;
 use tokio_postgres::types::Type;
 
@@ -19,9 +19,10 @@ const RECORDED: &[db::Column] = &[
 ];
 
 /// Claim, change the order, enqueue: events that stop nothing (payments).
+/// `record_event.sql` without its `(refunds)` step (see `build.rs`).
 pub(super) const RECORD_EVENT: Sql = Sql::new(
     "webhook-ingest/record_event.sql",
-    include_str!("record_event.sql"),
+    include_str!(concat!(env!("OUT_DIR"), "/record_event.sql")),
     &[
         Type::TEXT, // event_id
         Type::TEXT, // event_type
@@ -34,21 +35,12 @@ pub(super) const RECORD_EVENT: Sql = Sql::new(
 )
 .returning(RECORDED);
 
-/// The same, and stop the order's shipment (refunds).
+/// The same, and stop the order's shipment (refunds): `record_event.sql`
+/// with its `(refunds)` step, `steps/stop_shipment.sql`.
 pub(super) const RECORD_EVENT_STOPPING_SHIPMENT: Sql = Sql::new(
-    "webhook-ingest/record_event_stopping_shipment.sql",
-    include_str!("record_event_stopping_shipment.sql"),
-    &[
-        Type::TEXT, // event_id
-        Type::TEXT, // event_type
-        Type::TEXT, // payment_id
-        Type::TEXT, // plan (JSON)
-        Type::TEXT, // body (JSON)
-        Type::TEXT, // trace_context
-        Type::INT4, // payload_version
-        Type::TEXT, // shipment_kind
-        Type::TEXT, // shipment_key_prefix
-    ],
+    "webhook-ingest/record_event.sql (refunds)",
+    include_str!(concat!(env!("OUT_DIR"), "/record_event_stopping_shipment.sql")),
+    RECORD_EVENT.types,
 )
 .returning(RECORDED);
 
@@ -131,9 +123,6 @@ pub fn record_batch_span(parent: &tracing::Span, server: &db::span::Server, size
     span.record("db.operation.batch.size", i64::try_from(size).unwrap_or(i64::MAX));
     span
 }
-
-/// The shipment a refund stops.
-const SHIPMENT: CommandKind = CommandKind::ShipOrder;
 
 /// What happened to one delivery.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -232,8 +221,6 @@ pub async fn record_event(
                         &raw_body,
                         &trace_context,
                         &PAYLOAD_VERSION,
-                        &SHIPMENT.as_str(),
-                        &SHIPMENT.key_prefix(),
                     ],
                 )
                 .await?
@@ -343,26 +330,22 @@ mod tests {
     }
 
     /// The two shapes are one statement: the refund's is the payment's with
-    /// its parameters and its `stopped` step added, nothing else changed.
+    /// its `stopped` step added, nothing else changed; and the replay applies
+    /// an event with the same steps (build.rs).
     #[test]
     fn the_two_shapes_differ_only_by_the_shipments_step() {
-        let body = |sql: &Sql| sql.text.split_once("WITH params").unwrap().1.to_owned();
-        let payment = body(&RECORD_EVENT);
-        let refund = body(&RECORD_EVENT_STOPPING_SHIPMENT);
+        let refund = RECORD_EVENT_STOPPING_SHIPMENT.text;
         let stopped = refund
             .find("), stopped AS (")
             .zip(refund.find("), enqueued AS ("))
-            .map(|(start, end)| refund[start..end].to_owned())
+            .map(|(start, end)| &refund[start..end])
             .expect("a stopped step before the enqueue");
-        let payment_params = "           $7::int4 AS payload_version\n";
-        let refund_params = "           $7::int4 AS payload_version,\n           \
-             -- The shipment's command kind and idempotency key prefix.\n           \
-             $8::text AS shipment_kind,\n           $9::text AS shipment_key_prefix\n";
-        assert_eq!(
-            refund
-                .replacen(&stopped, "", 1)
-                .replacen(refund_params, payment_params, 1),
-            payment
-        );
+        assert_eq!(refund.replacen(stopped, "", 1), RECORD_EVENT.text);
+        let replay = crate::storage::story::REPLAY_EVENT.text;
+        let steps = &refund[refund.find("), order_update AS (").expect("the order's step")..];
+        let steps = &steps[..steps.find("\n)\nSELECT").expect("the answer")];
+        assert!(replay.contains(steps), "{replay}");
+        let included = |text: &str| text.lines().all(|l| !l.starts_with("-- include"));
+        assert!(included(refund) && included(replay));
     }
 }

@@ -1,6 +1,7 @@
 -- Claims an event whose outcome does not depend on any order and that changes
 -- nothing (types we ignore): the claim alone, the order not even looked up.
 -- A conflict is a later delivery: it counts, and returns the stored result.
+-- Its own statement, not record_event.sql's: no order, no step, no lock.
 --   $1  the event id
 --   $2  its type
 --   $3  its outcome (the status recorded)

@@ -1,8 +1,8 @@
 -- Claims one event and applies it to its order, in one statement (one round
--- trip, one transaction): the ingest's work per webhook. This is the shape for
--- events that may change their order and enqueue commands but stop nothing
--- (payments); record_event_stopping_shipment.sql is the same statement with
--- the refund's one more step. See storage/mod.rs for the design.
+-- trip, one transaction): the ingest's work per webhook. Two statements are
+-- built from this file (build.rs expands each `-- include:`): a payment's,
+-- without the `(refunds)` step, and a refund's, with it, so that no statement
+-- carries a step its events never take. See storage/mod.rs for the design.
 WITH params AS NOT MATERIALIZED (
     SELECT $1::text AS event_id,
            $2::text AS event_type,
@@ -12,7 +12,7 @@ WITH params AS NOT MATERIALIZED (
            -- order has the payment id. Each entry is
            -- {"outcome": text, "set_status": text or null,
            --  "enqueue": [{"kind": text, "key_prefix": text}, ...],
-           --  "stop_shipment": bool}
+           --  "stop_shipment": {"kind": text, "key_prefix": text}}
            $4::text::jsonb AS plan,
            -- The event as delivered, kept to reconcile unmatched events.
            $5::text::jsonb AS body,
@@ -67,27 +67,9 @@ WITH params AS NOT MATERIALIZED (
     ON CONFLICT (event_id) DO UPDATE
         SET deliveries = pe.deliveries + 1, last_delivered_at = now()
     RETURNING (pe.xmax = 0) AS claimed, pe.result::text AS body, pe.status
-), order_update AS (
-    -- Only a claimed event changes anything.
-    UPDATE public.orders AS orders SET status = decision.step ->> 'set_status', updated_at = now()
-    FROM decision, claim
-    WHERE claim.claimed AND orders.id = decision.order_id
-      AND decision.step ->> 'set_status' IS NOT NULL
-), enqueued AS (
-    INSERT INTO public.outbox (kind, payload, idempotency_key, event_id, order_id, trace_context)
-    SELECT command.spec ->> 'kind',
-           jsonb_build_object('v', params.payload_version,
-                              'order_id', decision.order_id,
-                              'event_id', params.event_id),
-           (command.spec ->> 'key_prefix') || '-' || decision.order_id,
-           params.event_id, decision.order_id, params.trace_context
-    FROM params, decision, claim,
-         jsonb_array_elements(decision.step -> 'enqueue') WITH ORDINALITY AS command(spec, position)
-    WHERE claim.claimed AND decision.order_id IS NOT NULL
-    ORDER BY command.position
-    -- One effect per order and kind, whatever the number of events.
-    ON CONFLICT (idempotency_key) DO NOTHING
-    RETURNING 1
+-- include: steps/update_order.sql
+-- include (refunds): steps/stop_shipment.sql
+-- include: steps/enqueue.sql
 )
 SELECT claim.claimed, claim.body, claim.status,
        (SELECT count(*) FROM enqueued)::int4 AS enqueued

@@ -5,6 +5,8 @@
 -- another. Each event is answered from its own row, keyed by `n`, its place
 -- in the arrays; an event with no row was not claimed (its order was locked
 -- by someone else) and is recorded on its own, by record_event.sql.
+-- Its own statement, not record_event.sql's steps: every step here joins its
+-- event by `n` and skips locked orders, which a single event's steps do not.
 WITH params AS MATERIALIZED (
     SELECT p.n::int4 AS n, p.event_id, p.event_type, p.payment_id,
            -- What the event does to its order, for each state (record_event.sql).

@@ -4,9 +4,10 @@
 -- order existed then, decided by the plan for the state the order is in now
 -- (record_event.sql): a payment for a pending order pays it and enqueues its
 -- shipment and confirmation; for an order paid meanwhile, nothing
--- (`already_paid`); a refund stops the shipment as a refund does.
+-- (`already_paid`); a refund stops the shipment as a refund does. The steps
+-- that apply it are record_event.sql's (`-- include:`, expanded by build.rs).
 -- $1 event id, $2 its payment id, $3 the plan of its kind (JSON), $4 payload
--- version, $5 the shipment's kind, $6 its key prefix.
+-- version.
 --
 -- At most once, however many replays race it and whatever deliveries of the
 -- id arrive meanwhile: the event's row is locked (FOR UPDATE) and changed
@@ -21,16 +22,21 @@ WITH ev AS (
     FROM public.processed_events AS pe
     WHERE pe.event_id = $1 AND pe.status = 'unmatched'
     FOR UPDATE
+), params AS (
+    -- The event as the steps name it.
+    SELECT ev.event_id, ev.trace_context, $4::int4 AS payload_version
+    FROM ev
 ), order_locked AS (
     SELECT orders.id, orders.status
     FROM public.orders AS orders, ev
     WHERE orders.payment_id = $2::text
     FOR UPDATE OF orders
 ), decision AS (
-    SELECT ev.event_id, ev.trace_context, order_locked.id AS order_id,
+    SELECT order_locked.id AS order_id,
            $3::text::jsonb -> order_locked.status AS step
-    FROM ev, order_locked
-), applied AS (
+    FROM order_locked
+), claim AS (
+    -- The replay's claim: the event's row, `unmatched` no more.
     UPDATE public.processed_events AS pe
        SET status = decision.step ->> 'outcome',
            order_id = decision.order_id,
@@ -38,41 +44,13 @@ WITH ev AS (
                'event_id', pe.event_id,
                'status', decision.step ->> 'outcome',
                'order_id', decision.order_id))
-      FROM decision
-     WHERE pe.event_id = decision.event_id
-    RETURNING pe.status, pe.result::text AS body, pe.order_id
-), order_update AS (
-    UPDATE public.orders AS orders SET status = decision.step ->> 'set_status', updated_at = now()
-    FROM decision, applied
-    WHERE orders.id = decision.order_id AND decision.step ->> 'set_status' IS NOT NULL
-), stopped AS (
-    -- As record_event_stopping_shipment.sql: a row not yet sent (or dead) is
-    -- cancelled, one under way keeps its lease, a done one stays done.
-    INSERT INTO public.outbox AS o (kind, payload, idempotency_key, event_id, order_id, trace_context,
-                             status, finished_at, last_error)
-    SELECT $5::text,
-           jsonb_build_object('v', $4::int4, 'order_id', decision.order_id, 'event_id', decision.event_id),
-           $6::text || '-' || decision.order_id,
-           decision.event_id, decision.order_id, decision.trace_context,
-           'cancelled', now(), 'no shipment to stop: retention had removed it; refund ' || decision.event_id
-    FROM decision, applied
-    WHERE (decision.step ->> 'stop_shipment')::bool
-    ON CONFLICT (idempotency_key) DO UPDATE
-        SET status = 'cancelled', finished_at = now(), last_error = 'cancelled by ' || $1
-        WHERE o.status IN ('pending', 'dead')
-), enqueued AS (
-    INSERT INTO public.outbox (kind, payload, idempotency_key, event_id, order_id, trace_context)
-    SELECT command.spec ->> 'kind',
-           jsonb_build_object('v', $4::int4, 'order_id', decision.order_id, 'event_id', decision.event_id),
-           (command.spec ->> 'key_prefix') || '-' || decision.order_id,
-           decision.event_id, decision.order_id, decision.trace_context
-    FROM decision, applied,
-         jsonb_array_elements(decision.step -> 'enqueue') WITH ORDINALITY AS command(spec, position)
-    ORDER BY command.position
-    -- One effect per order and kind, whatever the number of events.
-    ON CONFLICT (idempotency_key) DO NOTHING
-    RETURNING 1
+      FROM params, decision
+     WHERE pe.event_id = params.event_id
+    RETURNING true AS claimed, pe.status, pe.result::text AS body, pe.order_id
+-- include: steps/update_order.sql
+-- include: steps/stop_shipment.sql
+-- include: steps/enqueue.sql
 )
-SELECT applied.status, applied.body, applied.order_id,
+SELECT claim.status, claim.body, claim.order_id,
        (SELECT count(*) FROM enqueued)::int4 AS enqueued
-FROM applied
+FROM claim

@@ -151,14 +151,13 @@ pub async fn order_commands(
 
 pub(crate) const REPLAY_EVENT: Sql = Sql::new(
     "webhook-ingest/replay_event.sql",
-    include_str!("replay_event.sql"),
+    // With record_event.sql's steps (see build.rs).
+    include_str!(concat!(env!("OUT_DIR"), "/replay_event.sql")),
     &[
         Type::TEXT, // event_id
         Type::TEXT, // payment_id
         Type::TEXT, // plan (JSON)
         Type::INT4, // payload_version
-        Type::TEXT, // shipment_kind
-        Type::TEXT, // shipment_key_prefix
     ],
 )
 .returning(REPLAY_EVENT_COLUMNS);
@@ -199,18 +198,10 @@ pub async fn replay_event(
     event: &domain::ProviderEvent,
 ) -> Result<Option<Replayed>, tokio_postgres::Error> {
     let plan = super::plan::Plan::of_kind(event.kind);
-    let shipment = CommandKind::ShipOrder;
     let rows = REPLAY_EVENT
         .query(
             client,
-            &[
-                &event.id,
-                &event.payment_id,
-                &plan.json,
-                &domain::PAYLOAD_VERSION,
-                &shipment.as_str(),
-                &shipment.key_prefix(),
-            ],
+            &[&event.id, &event.payment_id, &plan.json, &domain::PAYLOAD_VERSION],
         )
         .await?;
     rows.first()
