@@ -150,6 +150,13 @@ fn ingest_status(body: &[u8]) -> Option<Box<str>> {
     answer.status.map(Into::into)
 }
 
+/// What watches a delivery: where its counts go, and what stops it.
+#[derive(Clone, Copy)]
+pub(crate) struct Watch<'a> {
+    pub stats: &'a Stats,
+    pub stop: &'a CancellationToken,
+}
+
 /// How a delivery ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum DeliveryEnd {
@@ -231,13 +238,13 @@ impl Sender {
     /// number), each retry to the next one.
     pub(crate) async fn deliver(
         &self,
-        stats: &Stats,
+        watch: Watch<'_>,
         tracked: &TrackedEvent,
         role: Role,
         first_target: u64,
         due: Instant,
-        stop: &CancellationToken,
     ) -> DeliveryEnd {
+        let Watch { stats, stop } = watch;
         let give_up_at = due + self.retry.give_up_after;
         let mut due = due;
         let mut retries: u32 = 0;

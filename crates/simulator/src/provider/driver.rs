@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::config::{Load, ProviderConfig};
-use super::delivery::{DeliveryEnd, Sender, TrackedEvent};
+use super::delivery::{DeliveryEnd, Sender, TrackedEvent, Watch};
 use super::plan::{EventKind, Planner};
 use super::report::{AckRecord, Report};
 use super::stats::{Role, Stats};
@@ -227,7 +227,16 @@ impl Run {
     async fn deliver(&self, tracked: &TrackedEvent, role: Role, first_target: u64, due: Instant) {
         let end = self
             .sender
-            .deliver(&self.stats, tracked, role, first_target, due, &self.stop)
+            .deliver(
+                Watch {
+                    stats: &self.stats,
+                    stop: &self.stop,
+                },
+                tracked,
+                role,
+                first_target,
+                due,
+            )
             .await;
         if end == DeliveryEnd::Acknowledged
             && tracked.event.kind == EventKind::Payment
