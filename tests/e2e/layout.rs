@@ -3,7 +3,9 @@
 //! uses another's, and that one, by some path, the first), and no source
 //! file is longer than [`MOST_LINES`]. A loop is a room with two doors into
 //! the same corridor: the reader follows a call out and back in, and no file
-//! can be read, changed or tested on its own.
+//! can be read, changed or tested on its own. And no test's function (in
+//! `tests/`, a crate's `tests/`, or its unit tests) is longer than
+//! [`MOST_TEST_LINES`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -358,4 +360,109 @@ fn the_check_sees_a_loop_through_a_parent_and_a_group_import() {
         .into_iter()
         .collect();
     assert_eq!(a_loop(&graph), None);
+}
+
+/// The longest a test's function may be: past that, a test reads as its
+/// steps, each a function named for what it holds.
+const MOST_TEST_LINES: usize = 150;
+
+#[test]
+fn no_test_function_is_too_long() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the workspace")
+        .to_path_buf();
+    let mut files = Vec::new();
+    rust_files(&root.join("tests"), &mut files);
+    for entry in std::fs::read_dir(root.join("crates")).expect("the crates") {
+        let krate = entry.expect("a crate").path();
+        rust_files(&krate.join("tests"), &mut files);
+        rust_files(&krate.join("src"), &mut files);
+    }
+    let mut long = Vec::new();
+    for file in files {
+        let code = std::fs::read_to_string(&file).expect("a source file");
+        let relative = file.strip_prefix(&root).expect("a file of the workspace");
+        let tests_from = if relative.components().any(|c| c.as_os_str() == "tests")
+            || file.file_name().is_some_and(|n| n == "tests.rs")
+        {
+            0
+        } else {
+            match code.lines().position(|l| l.trim() == "#[cfg(test)]") {
+                Some(at) => at,
+                None => continue,
+            }
+        };
+        for (name, lines) in functions(&code)
+            .into_iter()
+            .filter(|(_, _, at)| *at >= tests_from)
+            .map(|(n, l, _)| (n, l))
+        {
+            if lines > MOST_TEST_LINES {
+                long.push(format!("{}: {name} ({lines} lines)", file.display()));
+            }
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "test functions over {MOST_TEST_LINES} lines:\n{}",
+        long.join("\n")
+    );
+}
+
+/// Every `.rs` file under `dir`, if it exists.
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries {
+        let path = entry.expect("an entry").path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// Each function of `code` (formatted by rustfmt): its name, its length in
+/// lines, and the line it starts on. It ends at the first line that is its
+/// own indentation and `}`.
+fn functions(code: &str) -> Vec<(String, usize, usize)> {
+    let lines: Vec<&str> = code.lines().collect();
+    let mut found = Vec::new();
+    for (at, line) in lines.iter().enumerate() {
+        let trimmed = line.trim_start();
+        let indent = &line[..line.len() - trimmed.len()];
+        let signature = [
+            "pub(crate) ",
+            "pub(super) ",
+            "pub ",
+            "async ",
+            "const ",
+            "unsafe ",
+        ]
+        .iter()
+        .fold(trimmed, |rest, prefix| rest.strip_prefix(prefix).unwrap_or(rest));
+        let signature = signature.strip_prefix("async ").unwrap_or(signature);
+        let Some(rest) = signature.strip_prefix("fn ") else {
+            continue;
+        };
+        let name: String = rest
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        let end = format!("{indent}}}");
+        if let Some(length) = lines[at..].iter().position(|l| *l == end) {
+            found.push((name, length + 1, at));
+        }
+    }
+    found
+}
+
+#[test]
+fn the_length_check_measures_a_function_to_its_closing_brace() {
+    let code = "fn short() {\n    one();\n}\n\n#[cfg(test)]\nmod tests {\n    #[tokio::test]\n    async fn long() {\n        if x {\n        }\n    }\n}\n";
+    let found = functions(code);
+    assert_eq!(found, [("short".to_owned(), 3, 0), ("long".to_owned(), 4, 7)]);
 }

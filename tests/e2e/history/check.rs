@@ -28,7 +28,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
 
-use domain::{CommandKind, EventKind, OrderStatus};
+use domain::{CommandKind, EventKind, OrderStatus, Transition};
 use simulator::downstream::CallRecord;
 
 /// One claim of an event id (`INSERT`), or the application of one claimed
@@ -257,122 +257,275 @@ fn key(kind: CommandKind, order: i64) -> String {
     kind.idempotency_key(order)
 }
 
+/// A rule over one event as delivered in one phase.
+type EventRule = fn(&Evidence, &Delivered<'_>, &mut Report);
+
+/// A rule over one order's history.
+type OrderRule = fn(&OrderHistory<'_>, &mut Report);
+
+/// The rules over each delivered event, in the order they are checked.
+const EVENT_RULES: [EventRule; 5] = [
+    claimed_once_per_phase,
+    acknowledged_as_recorded,
+    applied_at_most_once,
+    unmatched_only_before_its_order,
+    unmatched_applied_once_its_order_exists,
+];
+
+/// The rules over each order, in the order they are checked.
+const ORDER_RULES: [OrderRule; 11] = [
+    outcomes_follow_the_rule,
+    final_status_is_the_models,
+    confirmations_as_the_model,
+    refund_notices_as_the_model,
+    refund_notice_enqueued_at_most_once,
+    done_rows_have_their_effect,
+    unpaid_orders_never_ship,
+    paid_orders_ship_once,
+    refund_stops_later_claims,
+    refund_leaves_no_shipment_pending,
+    performed_shipment_recorded_done,
+];
+
+/// Runs every rule over the evidence and gathers what breaks them, with
+/// what the run's concurrency actually hit.
 pub fn check(e: &Evidence) -> Report {
     let mut r = Report {
         orders: e.orders.len(),
         events: e.planned.len(),
         deliveries: e.deliveries.len(),
+        late_orders: e.late_orders.len(),
         ..Report::default()
     };
-    let mut delivered_ids: HashMap<(&str, u8), usize> = HashMap::new();
-    for d in &e.deliveries {
-        *delivered_ids.entry((&d.event_id, d.phase)).or_default() += 1;
+    let claims_of = claims_by_event(e);
+    let delivered = delivered(e, &claims_of);
+    r.duplicate_deliveries = e.deliveries.len() - delivered.len();
+    for d in &delivered {
+        for rule in EVENT_RULES {
+            rule(e, d, &mut r);
+        }
+        count_answered_unmatched(e, d, &mut r);
     }
-    r.duplicate_deliveries = e.deliveries.len() - delivered_ids.len();
+    one_effect_per_key(e, &mut r);
+    for c in e.claims.iter().filter(|c| !claimed_before_its_order(e, c)) {
+        recorded_against_its_planned_order(e, c, &mut r);
+        r.applied_later += usize::from(c.op == "UPDATE");
+    }
+    for history in order_histories(e) {
+        for rule in ORDER_RULES {
+            rule(&history, &mut r);
+        }
+        count_refunds_after_payment(&history, &mut r);
+        count_overlapping_payment_and_refund(&history, &mut r);
+    }
+    r
+}
 
-    // Claims per event id, and the provider's view of each.
+fn claims_by_event(e: &Evidence) -> HashMap<&str, Vec<&Claim>> {
     let mut claims_of: HashMap<&str, Vec<&Claim>> = HashMap::new();
     for c in &e.claims {
         claims_of.entry(&c.event_id).or_default().push(c);
     }
-    for &(id, phase) in delivered_ids.keys() {
-        let order = e.planned.get(id).and_then(|(_, o)| *o).unwrap_or(0);
-        let in_phase: Vec<&&Claim> = claims_of
-            .get(id)
-            .map(|cs| {
-                cs.iter()
-                    .filter(|c| c.phase == phase && c.op == "INSERT")
-                    .collect()
-            })
-            .unwrap_or_default();
-        let earlier = claims_of
-            .get(id)
-            .is_some_and(|cs| cs.iter().any(|c| c.phase < phase && c.op == "INSERT"));
-        let expected = usize::from(!earlier || e.pruned.contains(id));
-        if in_phase.len() > expected {
-            r.flag(
-                Violation::ClaimedTwice,
-                order,
-                &format!("{id} claimed {} times in phase {phase}", in_phase.len()),
-            );
-        }
-        let acked: Vec<&Delivery> = e
-            .deliveries
-            .iter()
-            .filter(|d| d.event_id == id && d.phase == phase && d.status == 200)
-            .collect();
-        if acked.is_empty() {
-            r.flag(
-                Violation::Acknowledgement,
-                order,
-                &format!("{id} never got a 200 in phase {phase}"),
-            );
-            continue;
-        }
-        let Some(claim) = claims_of.get(id).and_then(|cs| {
-            cs.iter()
-                .filter(|c| c.phase <= phase && c.op == "INSERT")
-                .max_by_key(|c| c.seq)
-        }) else {
-            r.flag(
-                Violation::Acknowledgement,
-                order,
-                &format!("{id} acknowledged but never claimed"),
-            );
-            continue;
-        };
-        // What a delivery may have been answered: the claim's outcome, or,
-        // once the reconciler applied an unmatched claim, the applied one.
-        let applications: Vec<&&Claim> = claims_of
-            .get(id)
-            .into_iter()
-            .flatten()
-            .filter(|c| c.op == "UPDATE" && c.seq > claim.seq)
-            .collect();
-        if applications.len() > 1 {
-            r.flag(
-                Violation::AppliedTwice,
-                order,
-                &format!("{id} applied {} times once its order existed", applications.len()),
-            );
-        }
-        for d in acked {
-            let answered = d.outcome.as_deref();
-            if answered != Some(claim.status.as_str())
-                && !applications.iter().any(|a| answered == Some(a.status.as_str()))
-            {
-                r.flag(
-                    Violation::Acknowledgement,
-                    order,
-                    &format!("{id} answered {:?} but recorded {}", d.outcome, claim.status),
-                );
-            }
-        }
-        if let Some(&created_us) = e.late_orders.get(&order)
-            && claim.status == "unmatched"
-        {
-            r.answered_unmatched += 1;
-            let sent_after = e
+    claims_of
+}
+
+/// One event as delivered in one phase, beside the database's claims of it.
+struct Delivered<'e> {
+    id: &'e str,
+    phase: u8,
+    /// The order it was planned for; 0 for none.
+    order: i64,
+    /// Every claim and application of the id, in both phases.
+    claims: &'e [&'e Claim],
+    /// Its deliveries in this phase that got a 200.
+    acked: Vec<&'e Delivery>,
+    recorded: Recorded<'e>,
+}
+
+/// What the database recorded of a delivered event, as far as its
+/// acknowledgements let the rules judge.
+enum Recorded<'e> {
+    /// No delivery got a 200: nothing further is checked.
+    NeverAcked,
+    /// Acknowledged, with no claim up to this phase.
+    NeverClaimed,
+    /// Its latest claim up to this phase, and the applications after it
+    /// (what a delivery may have been answered, besides the claim's outcome).
+    Claimed {
+        claim: &'e Claim,
+        applications: Vec<&'e Claim>,
+    },
+}
+
+/// Every event delivered, once per phase it was delivered in.
+fn delivered<'e>(e: &'e Evidence, claims_of: &'e HashMap<&str, Vec<&Claim>>) -> Vec<Delivered<'e>> {
+    let mut delivered_ids: HashMap<(&str, u8), usize> = HashMap::new();
+    for d in &e.deliveries {
+        *delivered_ids.entry((&d.event_id, d.phase)).or_default() += 1;
+    }
+    delivered_ids
+        .into_keys()
+        .map(|(id, phase)| {
+            let claims: &[&Claim] = claims_of.get(id).map_or(&[], Vec::as_slice);
+            let acked: Vec<&Delivery> = e
                 .deliveries
                 .iter()
-                .filter(|d| d.event_id == id && d.phase == phase)
-                .all(|d| d.sent_us > created_us);
-            if sent_after {
-                r.flag(
-                    Violation::UnmatchedWhileOrderExisted,
-                    order,
-                    &format!("{id} recorded unmatched, every delivery sent after its order was created"),
-                );
+                .filter(|d| d.event_id == id && d.phase == phase && d.status == 200)
+                .collect();
+            let claim = claims
+                .iter()
+                .filter(|c| c.phase <= phase && c.op == "INSERT")
+                .max_by_key(|c| c.seq);
+            let recorded = match claim {
+                _ if acked.is_empty() => Recorded::NeverAcked,
+                None => Recorded::NeverClaimed,
+                Some(claim) => Recorded::Claimed {
+                    claim,
+                    applications: claims
+                        .iter()
+                        .filter(|c| c.op == "UPDATE" && c.seq > claim.seq)
+                        .copied()
+                        .collect(),
+                },
+            };
+            Delivered {
+                id,
+                phase,
+                order: e.planned.get(id).and_then(|(_, o)| *o).unwrap_or(0),
+                claims,
+                acked,
+                recorded,
             }
-            if applications.is_empty() && event_kind(&claim.event_type) != EventKind::Other {
-                r.flag(
-                    Violation::UnmatchedNeverApplied,
-                    order,
-                    &format!("{id} still unmatched though its order was created"),
-                );
+        })
+        .collect()
+}
+
+impl<'e> Delivered<'e> {
+    /// Its claim, if it was acknowledged and claimed, and when its order was
+    /// created if that came after the test started and the claim found none.
+    fn unmatched_of_late_order(&self, e: &Evidence) -> Option<(&'e Claim, &[&'e Claim], i64)> {
+        let Recorded::Claimed { claim, applications } = &self.recorded else {
+            return None;
+        };
+        let &created_us = e.late_orders.get(&self.order)?;
+        (claim.status == "unmatched").then_some((*claim, applications.as_slice(), created_us))
+    }
+}
+
+/// An event id is claimed once per phase, and again in a later phase only if
+/// its record was pruned.
+fn claimed_once_per_phase(e: &Evidence, d: &Delivered<'_>, r: &mut Report) {
+    let (id, phase) = (d.id, d.phase);
+    let in_phase = d
+        .claims
+        .iter()
+        .filter(|c| c.phase == phase && c.op == "INSERT")
+        .count();
+    let earlier = d.claims.iter().any(|c| c.phase < phase && c.op == "INSERT");
+    let expected = usize::from(!earlier || e.pruned.contains(id));
+    if in_phase > expected {
+        r.flag(
+            Violation::ClaimedTwice,
+            d.order,
+            &format!("{id} claimed {in_phase} times in phase {phase}"),
+        );
+    }
+}
+
+/// Every delivered event gets a 200, is claimed, and every 200 answers the
+/// claim's outcome (or an application's).
+fn acknowledged_as_recorded(_: &Evidence, d: &Delivered<'_>, r: &mut Report) {
+    let (id, phase, order) = (d.id, d.phase, d.order);
+    match &d.recorded {
+        Recorded::NeverAcked => r.flag(
+            Violation::Acknowledgement,
+            order,
+            &format!("{id} never got a 200 in phase {phase}"),
+        ),
+        Recorded::NeverClaimed => r.flag(
+            Violation::Acknowledgement,
+            order,
+            &format!("{id} acknowledged but never claimed"),
+        ),
+        Recorded::Claimed { claim, applications } => {
+            for d in &d.acked {
+                let answered = d.outcome.as_deref();
+                if answered != Some(claim.status.as_str())
+                    && !applications.iter().any(|a| answered == Some(a.status.as_str()))
+                {
+                    r.flag(
+                        Violation::Acknowledgement,
+                        order,
+                        &format!("{id} answered {:?} but recorded {}", d.outcome, claim.status),
+                    );
+                }
             }
         }
     }
+}
+
+/// An unmatched event is applied to its order at most once.
+fn applied_at_most_once(_: &Evidence, d: &Delivered<'_>, r: &mut Report) {
+    if let Recorded::Claimed { applications, .. } = &d.recorded
+        && applications.len() > 1
+    {
+        r.flag(
+            Violation::AppliedTwice,
+            d.order,
+            &format!(
+                "{} applied {} times once its order existed",
+                d.id,
+                applications.len()
+            ),
+        );
+    }
+}
+
+/// An event is recorded `unmatched` only if a delivery of it was sent before
+/// its order's creation committed.
+fn unmatched_only_before_its_order(e: &Evidence, d: &Delivered<'_>, r: &mut Report) {
+    let Some((_, _, created_us)) = d.unmatched_of_late_order(e) else {
+        return;
+    };
+    let sent_after = e
+        .deliveries
+        .iter()
+        .filter(|x| x.event_id == d.id && x.phase == d.phase)
+        .all(|x| x.sent_us > created_us);
+    if sent_after {
+        r.flag(
+            Violation::UnmatchedWhileOrderExisted,
+            d.order,
+            &format!(
+                "{} recorded unmatched, every delivery sent after its order was created",
+                d.id
+            ),
+        );
+    }
+}
+
+/// An event recorded `unmatched` is applied once its order exists, unless the
+/// ingest ignores its type.
+fn unmatched_applied_once_its_order_exists(e: &Evidence, d: &Delivered<'_>, r: &mut Report) {
+    let Some((claim, applications, _)) = d.unmatched_of_late_order(e) else {
+        return;
+    };
+    if applications.is_empty() && event_kind(&claim.event_type) != EventKind::Other {
+        r.flag(
+            Violation::UnmatchedNeverApplied,
+            d.order,
+            &format!("{} still unmatched though its order was created", d.id),
+        );
+    }
+}
+
+/// Not a rule: the events of late orders answered `unmatched`.
+fn count_answered_unmatched(e: &Evidence, d: &Delivered<'_>, r: &mut Report) {
+    r.answered_unmatched += usize::from(d.unmatched_of_late_order(e).is_some());
+}
+
+/// The downstream creates each key's effect at most once.
+fn one_effect_per_key(e: &Evidence, r: &mut Report) {
     for (k, rec) in &e.keys {
         if rec.effects > 1 {
             let order = k.rsplit('-').next().and_then(|o| o.parse().ok()).unwrap_or(0);
@@ -383,39 +536,65 @@ pub fn check(e: &Evidence) -> Report {
             );
         }
     }
+}
 
-    // Per order: each claim under the order its event was planned for, so an
-    // event recorded against no order (or another) is checked with its own.
+/// The order a claim's event was planned for; none for a type the ingest
+/// ignores, which is recorded against no order by design.
+fn planned_order(e: &Evidence, c: &Claim) -> Option<i64> {
+    e.planned
+        .get(&c.event_id)
+        .and_then(|(_, o)| *o)
+        .filter(|_| event_kind(&c.event_type) != EventKind::Other)
+}
+
+/// Claimed `unmatched` before its order existed: the model takes the
+/// application (`UPDATE`) instead.
+fn claimed_before_its_order(e: &Evidence, c: &Claim) -> bool {
+    c.op == "INSERT"
+        && c.status == "unmatched"
+        && planned_order(e, c).is_some_and(|o| e.late_orders.contains_key(&o))
+}
+
+/// An event of an existing order is recorded against that order.
+fn recorded_against_its_planned_order(e: &Evidence, c: &Claim, r: &mut Report) {
+    let planned = planned_order(e, c);
+    if planned.is_some() && c.order_id != planned {
+        r.flag(
+            Violation::WrongOrder,
+            planned.unwrap_or(0),
+            &format!(
+                "{} recorded {} against order {:?}, planned for {:?}",
+                c.event_id, c.status, c.order_id, planned
+            ),
+        );
+    }
+}
+
+/// One order's evidence in commit order, and the model's reading of it.
+struct OrderHistory<'e> {
+    e: &'e Evidence,
+    order: i64,
+    /// Its claims in commit order, each under the order its event was
+    /// planned for, so an event recorded against no order (or another) is
+    /// checked with its own.
+    events: Vec<&'e Claim>,
+    /// The rule's transition of each event, from the model's state before it.
+    transitions: Vec<Transition>,
+    /// The model's final status.
+    state: OrderStatus,
+    /// Commands the model enqueued, by kind.
+    enqueued: HashMap<CommandKind, u32>,
+    /// The refund that must stop a shipment the model enqueued.
+    stopped_by: Option<&'e Claim>,
+    /// Its outbox writes, in the order recorded.
+    writes: Vec<&'e RowWrite>,
+}
+
+/// Every order's history, in order id order.
+fn order_histories(e: &Evidence) -> Vec<OrderHistory<'_>> {
     let mut by_order: BTreeMap<i64, Vec<&Claim>> = BTreeMap::new();
-    for c in &e.claims {
-        // Ignored types are recorded against no order, by design.
-        let planned = e
-            .planned
-            .get(&c.event_id)
-            .and_then(|(_, o)| *o)
-            .filter(|_| event_kind(&c.event_type) != EventKind::Other);
-        let early = c.op == "INSERT"
-            && c.status == "unmatched"
-            && planned.is_some_and(|o| e.late_orders.contains_key(&o));
-        if early {
-            // Claimed before its order existed: the model takes the
-            // application (`UPDATE`) instead.
-            continue;
-        }
-        if c.op == "UPDATE" {
-            r.applied_later += 1;
-        }
-        if planned.is_some() && c.order_id != planned {
-            r.flag(
-                Violation::WrongOrder,
-                planned.unwrap_or(0),
-                &format!(
-                    "{} recorded {} against order {:?}, planned for {:?}",
-                    c.event_id, c.status, c.order_id, planned
-                ),
-            );
-        }
-        if let Some(o) = planned.or(c.order_id) {
+    for c in e.claims.iter().filter(|c| !claimed_before_its_order(e, c)) {
+        if let Some(o) = planned_order(e, c).or(c.order_id) {
             by_order.entry(o).or_default().push(c);
         }
     }
@@ -423,13 +602,376 @@ pub fn check(e: &Evidence) -> Report {
     for w in &e.writes {
         writes_of.entry(w.order_id).or_default().push(w);
     }
-    let ack_of = |id: &str, phase: u8| {
-        e.deliveries
+    let mut orders: Vec<&i64> = e.orders.keys().collect();
+    orders.sort();
+    orders
+        .into_iter()
+        .map(|&order| {
+            let mut events = by_order.get(&order).cloned().unwrap_or_default();
+            events.sort_by_key(|c| c.seq);
+            let mut history = OrderHistory {
+                e,
+                order,
+                events,
+                transitions: Vec::new(),
+                state: OrderStatus::Pending,
+                enqueued: HashMap::new(),
+                stopped_by: None,
+                writes: writes_of.remove(&order).unwrap_or_default(),
+            };
+            history.apply_the_model();
+            history
+        })
+        .collect()
+}
+
+/// What the model says of an order's shipment.
+enum Shipment<'e> {
+    /// Never enqueued: the order was never paid.
+    Unpaid,
+    /// Enqueued and never stopped: exactly one.
+    Paid,
+    /// Enqueued, then stopped by this refund.
+    Refunded(&'e Claim),
+}
+
+impl<'e> OrderHistory<'e> {
+    /// `domain::transition` applied to the events in commit order.
+    fn apply_the_model(&mut self) {
+        for c in &self.events {
+            let t = domain::transition(event_kind(&c.event_type), Some(self.state));
+            self.transitions.push(t);
+            for k in t.enqueue {
+                *self.enqueued.entry(*k).or_default() += 1;
+            }
+            if event_kind(&c.event_type) == EventKind::PaymentRefunded
+                && self.state == OrderStatus::Paid
+                && self.enqueued.contains_key(&CommandKind::ShipOrder)
+            {
+                self.stopped_by = Some(c);
+            }
+            self.state = t.set_status.unwrap_or(self.state);
+        }
+    }
+
+    /// The order's events, shipment writes and shipment calls, for a
+    /// violation's message.
+    fn history(&self) -> String {
+        let mut h = String::new();
+        for c in &self.events {
+            let _ = write!(
+                h,
+                "[#{} {} {} -> {} at {}] ",
+                c.seq, c.event_id, c.event_type, c.status, c.at_us
+            );
+        }
+        for w in &self.writes {
+            if w.kind == CommandKind::ShipOrder.as_str() {
+                let _ = write!(
+                    h,
+                    "[ship #{} {} {:?}->{}{}{} at {}] ",
+                    w.seq,
+                    w.op,
+                    w.old_status,
+                    w.new_status,
+                    if w.claimed { " claimed" } else { "" },
+                    w.old_owner
+                        .as_deref()
+                        .map(|o| format!(" (held by {o})"))
+                        .unwrap_or_default(),
+                    w.at_us
+                );
+            }
+        }
+        for c in self.ship_calls() {
+            let _ = write!(
+                h,
+                "[ship call {}..{} {}{}{}] ",
+                c.arrived_us,
+                c.ended_us,
+                c.status,
+                if c.effect { " effect" } else { "" },
+                if c.hung { " hung" } else { "" }
+            );
+        }
+        h
+    }
+
+    /// Effects of `kind` the downstream created for the order.
+    fn effects(&self, kind: CommandKind) -> u64 {
+        self.e.keys.get(&key(kind, self.order)).map_or(0, |k| k.effects)
+    }
+
+    /// Commands of `kind` the model enqueued.
+    fn expect(&self, kind: CommandKind) -> u64 {
+        u64::from(self.enqueued.get(&kind).copied().unwrap_or(0))
+    }
+
+    fn shipment(&self) -> Shipment<'e> {
+        match (self.expect(CommandKind::ShipOrder), self.stopped_by) {
+            (0, _) => Shipment::Unpaid,
+            (_, None) => Shipment::Paid,
+            (_, Some(refund)) => Shipment::Refunded(refund),
+        }
+    }
+
+    /// The final status of the order's shipment row.
+    fn ship_row(&self) -> Option<&'e String> {
+        self.e
+            .rows
+            .get(&(CommandKind::ShipOrder.as_str().to_owned(), self.order))
+    }
+
+    fn ship_writes(&self) -> impl Iterator<Item = &'e RowWrite> + '_ {
+        self.writes
+            .iter()
+            .copied()
+            .filter(|w| w.kind == CommandKind::ShipOrder.as_str())
+    }
+
+    fn ship_calls(&self) -> impl Iterator<Item = &'e CallRecord> {
+        self.e
+            .keys
+            .get(&key(CommandKind::ShipOrder, self.order))
+            .into_iter()
+            .flat_map(|k| &k.calls)
+    }
+
+    /// When the provider first held a 200 for the event in the phase.
+    fn acked_at(&self, id: &str, phase: u8) -> Option<i64> {
+        self.e
+            .deliveries
             .iter()
             .filter(|d| d.event_id == id && d.phase == phase)
             .filter_map(|d| d.acked_us)
             .min()
+    }
+}
+
+/// Each event's recorded outcome is the rule's, applied in commit order.
+fn outcomes_follow_the_rule(h: &OrderHistory<'_>, r: &mut Report) {
+    for (c, t) in h.events.iter().zip(&h.transitions) {
+        if c.status != t.outcome.as_str() {
+            r.flag(
+                Violation::Outcome,
+                h.order,
+                &format!(
+                    "{} recorded {} but the rule gives {}: {}",
+                    c.event_id,
+                    c.status,
+                    t.outcome.as_str(),
+                    h.history()
+                ),
+            );
+        }
+    }
+}
+
+/// The order ends in the model's status.
+fn final_status_is_the_models(h: &OrderHistory<'_>, r: &mut Report) {
+    let ended = h.e.orders.get(&h.order);
+    if ended.map(String::as_str) != Some(h.state.as_str()) {
+        r.flag(
+            Violation::FinalStatus,
+            h.order,
+            &format!(
+                "ends {:?}, the model {}: {}",
+                ended,
+                h.state.as_str(),
+                h.history()
+            ),
+        );
+    }
+}
+
+/// As many confirmations as the model enqueued.
+fn confirmations_as_the_model(h: &OrderHistory<'_>, r: &mut Report) {
+    let (effects, expected) = (
+        h.effects(CommandKind::SendConfirmation),
+        h.expect(CommandKind::SendConfirmation),
+    );
+    if effects != expected {
+        r.flag(
+            Violation::Confirmation,
+            h.order,
+            &format!("{effects} confirmations, the model {expected}: {}", h.history()),
+        );
+    }
+}
+
+/// As many refund notices as the model enqueued.
+fn refund_notices_as_the_model(h: &OrderHistory<'_>, r: &mut Report) {
+    let (effects, expected) = (
+        h.effects(CommandKind::SendRefundNotice),
+        h.expect(CommandKind::SendRefundNotice),
+    );
+    if effects != expected {
+        r.flag(
+            Violation::RefundNotice,
+            h.order,
+            &format!("{effects} refund notices, the model {expected}: {}", h.history()),
+        );
+    }
+}
+
+/// At most one refund-notice row is ever enqueued for an order.
+fn refund_notice_enqueued_at_most_once(h: &OrderHistory<'_>, r: &mut Report) {
+    let notice_rows = h
+        .writes
+        .iter()
+        .filter(|w| w.op == "INSERT" && w.kind == CommandKind::SendRefundNotice.as_str())
+        .count();
+    if notice_rows > 1 {
+        r.flag(
+            Violation::NoticeEnqueuedTwice,
+            h.order,
+            &format!("{notice_rows} refund-notice rows enqueued: {}", h.history()),
+        );
+    }
+}
+
+/// A shipment row recorded done has its effect at the downstream.
+fn done_rows_have_their_effect(h: &OrderHistory<'_>, r: &mut Report) {
+    if h.ship_row().is_some_and(|s| s == "done") && h.effects(CommandKind::ShipOrder) == 0 {
+        r.flag(Violation::DoneWithoutEffect, h.order, &h.history());
+    }
+}
+
+/// An order the model never paid never ships.
+fn unpaid_orders_never_ship(h: &OrderHistory<'_>, r: &mut Report) {
+    if let Shipment::Unpaid = h.shipment()
+        && h.effects(CommandKind::ShipOrder) > 0
+    {
+        r.flag(Violation::ShippedUnpaid, h.order, &h.history());
+    }
+}
+
+/// A paid, unrefunded order ships exactly once.
+fn paid_orders_ship_once(h: &OrderHistory<'_>, r: &mut Report) {
+    let ship_effects = h.effects(CommandKind::ShipOrder);
+    if let Shipment::Paid = h.shipment()
+        && ship_effects != 1
+    {
+        r.flag(
+            Violation::ShipmentCount,
+            h.order,
+            &format!("{ship_effects} shipments: {}", h.history()),
+        );
+    }
+}
+
+/// No shipment is claimed after its order's refund was certainly committed
+/// (the provider's 200, unless the reconciler applied the refund later: then
+/// no moment is certain, and this rule is not checked).
+fn refund_stops_later_claims(h: &OrderHistory<'_>, r: &mut Report) {
+    let Shipment::Refunded(refund) = h.shipment() else {
+        return;
     };
+    let committed = h
+        .acked_at(&refund.event_id, refund.phase)
+        .filter(|_| refund.op == "INSERT");
+    let Some(acked) = committed else {
+        return;
+    };
+    let late: Vec<&RowWrite> = h.ship_writes().filter(|w| w.claimed && w.at_us > acked).collect();
+    if !late.is_empty() {
+        let claimed_before = h.ship_writes().any(|w| w.claimed && w.at_us < refund.at_us);
+        r.flag(
+            if claimed_before {
+                Violation::ShipmentRetriedAfterRefund
+            } else {
+                Violation::ShipmentClaimedAfterRefund
+            },
+            h.order,
+            &format!(
+                "{} claim(s) after the refund {} was answered at {acked}: {}",
+                late.len(),
+                refund.event_id,
+                h.history()
+            ),
+        );
+    }
+}
+
+/// A refunded order's shipment is not left pending or dead.
+fn refund_leaves_no_shipment_pending(h: &OrderHistory<'_>, r: &mut Report) {
+    let ship_row = h.ship_row();
+    if let Shipment::Refunded(_) = h.shipment()
+        && ship_row.is_some_and(|s| s == "pending" || s == "dead")
+    {
+        r.flag(
+            Violation::ShipmentNotStopped,
+            h.order,
+            &format!("shipment left {:?}: {}", ship_row, h.history()),
+        );
+    }
+}
+
+/// A refunded order's shipment the downstream performed and promptly
+/// answered with success was recorded done at some point: the relay knew
+/// (unless a kill or a restart took that knowledge away before it was
+/// recorded).
+fn performed_shipment_recorded_done(h: &OrderHistory<'_>, r: &mut Report) {
+    let Shipment::Refunded(_) = h.shipment() else {
+        return;
+    };
+    let recorded_done = h.ship_writes().any(|w| w.new_status == "done");
+    if recorded_done || h.effects(CommandKind::ShipOrder) == 0 {
+        return;
+    }
+    let prompt = h.ship_calls().find(|c| {
+        c.effect
+            && !c.hung
+            && (200..300).contains(&c.status)
+            // Answered within a quarter of the relay's timeout: the relay
+            // got it, unless it stalled for the rest.
+            && ((c.ended_us - c.arrived_us) as i64) < h.e.http_timeout_us / 4
+    });
+    if let Some(call) = prompt {
+        let excused =
+            h.e.disruptions
+                .iter()
+                .any(|&t| t >= call.arrived_us as i64 && t <= call.ended_us as i64 + 60_000_000);
+        if !excused {
+            r.flag(Violation::PerformedButCancelled, h.order, &h.history());
+        }
+    }
+}
+
+/// Not a rule: refunds after a payment; of those, the ones whose shipment
+/// call was under way when the refund's statement ran, and how those
+/// shipments ended.
+fn count_refunds_after_payment(h: &OrderHistory<'_>, r: &mut Report) {
+    let Shipment::Refunded(refund) = h.shipment() else {
+        return;
+    };
+    r.refunds_after_payment += 1;
+    // Under way: the last claim or completion of the row clocked before the
+    // refund's claim was a claim.
+    let in_flight = h
+        .ship_writes()
+        .filter(|w| {
+            let completion = w.old_owner.is_some() && w.new_owner.is_none();
+            w.at_us < refund.at_us && (w.claimed || completion)
+        })
+        .max_by_key(|w| w.at_us)
+        .is_some_and(|w| w.claimed);
+    if in_flight {
+        r.refunds_with_shipment_claim_in_flight += 1;
+        match h.ship_row().map(String::as_str) {
+            Some("done") => r.shipments_under_way_then_done += 1,
+            Some("cancelled") if h.effects(CommandKind::ShipOrder) > 0 => {
+                r.shipments_under_way_then_cancelled_with_effect += 1;
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Not a rule: concurrency actually hit, a payment and a refund of the order
+/// in flight at the same time, and which committed first.
+fn count_overlapping_payment_and_refund(h: &OrderHistory<'_>, r: &mut Report) {
+    let e = h.e;
     let interval_of = |id: &str| {
         let ds: Vec<&Delivery> = e
             .deliveries
@@ -440,287 +982,35 @@ pub fn check(e: &Evidence) -> Report {
         let end = ds.iter().filter_map(|d| d.acked_us).max()?;
         Some((start, end))
     };
-    r.late_orders = e.late_orders.len();
-    let mut orders: Vec<&i64> = e.orders.keys().collect();
-    orders.sort();
-    for &order in orders {
-        let mut events = by_order.get(&order).cloned().unwrap_or_default();
-        events.sort_by_key(|c| c.seq);
-        let history = || {
-            let mut h = String::new();
-            for c in &events {
-                let _ = write!(
-                    h,
-                    "[#{} {} {} -> {} at {}] ",
-                    c.seq, c.event_id, c.event_type, c.status, c.at_us
-                );
-            }
-            for w in writes_of.get(&order).into_iter().flatten() {
-                if w.kind == CommandKind::ShipOrder.as_str() {
-                    let _ = write!(
-                        h,
-                        "[ship #{} {} {:?}->{}{}{} at {}] ",
-                        w.seq,
-                        w.op,
-                        w.old_status,
-                        w.new_status,
-                        if w.claimed { " claimed" } else { "" },
-                        w.old_owner
-                            .as_deref()
-                            .map(|o| format!(" (held by {o})"))
-                            .unwrap_or_default(),
-                        w.at_us
-                    );
-                }
-            }
-            if let Some(k) = e.keys.get(&key(CommandKind::ShipOrder, order)) {
-                for c in &k.calls {
-                    let _ = write!(
-                        h,
-                        "[ship call {}..{} {}{}{}] ",
-                        c.arrived_us,
-                        c.ended_us,
-                        c.status,
-                        if c.effect { " effect" } else { "" },
-                        if c.hung { " hung" } else { "" }
-                    );
-                }
-            }
-            h
-        };
-
-        // The model, in commit order.
-        let mut state = OrderStatus::Pending;
-        let mut enqueued: HashMap<CommandKind, u32> = HashMap::new();
-        let mut stopped_by: Option<&Claim> = None;
-        for c in &events {
-            let t = domain::transition(event_kind(&c.event_type), Some(state));
-            if c.status != t.outcome.as_str() {
-                r.flag(
-                    Violation::Outcome,
-                    order,
-                    &format!(
-                        "{} recorded {} but the rule gives {}: {}",
-                        c.event_id,
-                        c.status,
-                        t.outcome.as_str(),
-                        history()
-                    ),
-                );
-            }
-            for k in t.enqueue {
-                *enqueued.entry(*k).or_default() += 1;
-            }
-            if event_kind(&c.event_type) == EventKind::PaymentRefunded
-                && state == OrderStatus::Paid
-                && enqueued.contains_key(&CommandKind::ShipOrder)
+    let ids = |kind: EventKind| {
+        e.planned
+            .iter()
+            .filter(move |(_, (t, o))| *o == Some(h.order) && event_kind(t) == kind)
+            .map(|(id, _)| id.as_str())
+    };
+    let seq = |id: &str| {
+        h.events
+            .iter()
+            .find(|c| c.event_id == id && c.phase == 1)
+            .map(|c| c.seq)
+    };
+    let mut overlapped = false;
+    let mut payment_first = false;
+    for p in ids(EventKind::PaymentSucceeded) {
+        for q in ids(EventKind::PaymentRefunded) {
+            if let (Some((ps, pe)), Some((qs, qe))) = (interval_of(p), interval_of(q))
+                && ps < qe
+                && qs < pe
             {
-                stopped_by = Some(c);
-            }
-            state = t.set_status.unwrap_or(state);
-        }
-        if e.orders.get(&order).map(String::as_str) != Some(state.as_str()) {
-            r.flag(
-                Violation::FinalStatus,
-                order,
-                &format!(
-                    "ends {:?}, the model {}: {}",
-                    e.orders.get(&order),
-                    state.as_str(),
-                    history()
-                ),
-            );
-        }
-        let effects = |kind: CommandKind| e.keys.get(&key(kind, order)).map_or(0, |k| k.effects);
-        let expect = |kind: CommandKind| u64::from(enqueued.get(&kind).copied().unwrap_or(0));
-        if effects(CommandKind::SendConfirmation) != expect(CommandKind::SendConfirmation) {
-            r.flag(
-                Violation::Confirmation,
-                order,
-                &format!(
-                    "{} confirmations, the model {}: {}",
-                    effects(CommandKind::SendConfirmation),
-                    expect(CommandKind::SendConfirmation),
-                    history()
-                ),
-            );
-        }
-        if effects(CommandKind::SendRefundNotice) != expect(CommandKind::SendRefundNotice) {
-            r.flag(
-                Violation::RefundNotice,
-                order,
-                &format!(
-                    "{} refund notices, the model {}: {}",
-                    effects(CommandKind::SendRefundNotice),
-                    expect(CommandKind::SendRefundNotice),
-                    history()
-                ),
-            );
-        }
-        let notice_rows = writes_of
-            .get(&order)
-            .into_iter()
-            .flatten()
-            .filter(|w| w.op == "INSERT" && w.kind == CommandKind::SendRefundNotice.as_str())
-            .count();
-        if notice_rows > 1 {
-            r.flag(
-                Violation::NoticeEnqueuedTwice,
-                order,
-                &format!("{notice_rows} refund-notice rows enqueued: {}", history()),
-            );
-        }
-
-        // The shipment.
-        let ship_key = key(CommandKind::ShipOrder, order);
-        let ship_effects = effects(CommandKind::ShipOrder);
-        let ship_row = e.rows.get(&(CommandKind::ShipOrder.as_str().to_owned(), order));
-        let ship_writes: Vec<&&RowWrite> = writes_of
-            .get(&order)
-            .into_iter()
-            .flatten()
-            .filter(|w| w.kind == CommandKind::ShipOrder.as_str())
-            .collect();
-        if ship_row.is_some_and(|s| s == "done") && ship_effects == 0 {
-            r.flag(Violation::DoneWithoutEffect, order, &history());
-        }
-        match (expect(CommandKind::ShipOrder), stopped_by) {
-            (0, _) => {
-                if ship_effects > 0 {
-                    r.flag(Violation::ShippedUnpaid, order, &history());
-                }
-            }
-            (_, None) => {
-                if ship_effects != 1 {
-                    r.flag(
-                        Violation::ShipmentCount,
-                        order,
-                        &format!("{ship_effects} shipments: {}", history()),
-                    );
-                }
-            }
-            (_, Some(refund)) => {
-                r.refunds_after_payment += 1;
-                // When the refund was certainly committed: the provider's
-                // 200, unless the reconciler applied it later (then no
-                // moment is certain, and this rule is not checked).
-                let committed = ack_of(&refund.event_id, refund.phase).filter(|_| refund.op == "INSERT");
-                if let Some(acked) = committed {
-                    let late: Vec<&&&RowWrite> = ship_writes
-                        .iter()
-                        .filter(|w| w.claimed && w.at_us > acked)
-                        .collect();
-                    if !late.is_empty() {
-                        let claimed_before = ship_writes.iter().any(|w| w.claimed && w.at_us < refund.at_us);
-                        r.flag(
-                            if claimed_before {
-                                Violation::ShipmentRetriedAfterRefund
-                            } else {
-                                Violation::ShipmentClaimedAfterRefund
-                            },
-                            order,
-                            &format!(
-                                "{} claim(s) after the refund {} was answered at {acked}: {}",
-                                late.len(),
-                                refund.event_id,
-                                history()
-                            ),
-                        );
-                    }
-                }
-                if ship_row.is_some_and(|s| s == "pending" || s == "dead") {
-                    r.flag(
-                        Violation::ShipmentNotStopped,
-                        order,
-                        &format!("shipment left {:?}: {}", ship_row, history()),
-                    );
-                }
-                // Was a claim under way when the refund's statement ran? The
-                // last claim or completion of the row clocked before the
-                // refund's claim says so.
-                let in_flight = ship_writes
-                    .iter()
-                    .filter(|w| {
-                        let completion = w.old_owner.is_some() && w.new_owner.is_none();
-                        w.at_us < refund.at_us && (w.claimed || completion)
-                    })
-                    .max_by_key(|w| w.at_us)
-                    .is_some_and(|w| w.claimed);
-                if in_flight {
-                    r.refunds_with_shipment_claim_in_flight += 1;
-                    match ship_row.map(String::as_str) {
-                        Some("done") => r.shipments_under_way_then_done += 1,
-                        Some("cancelled") if ship_effects > 0 => {
-                            r.shipments_under_way_then_cancelled_with_effect += 1;
-                        }
-                        _ => {}
-                    }
-                }
-                let recorded_done = ship_writes.iter().any(|w| w.new_status == "done");
-                if !recorded_done && ship_effects > 0 {
-                    // Performed and promptly answered with success: the relay
-                    // knew, so the row must have said done at some point
-                    // (unless a kill or a restart took that knowledge away
-                    // before it was recorded).
-                    let prompt = e
-                        .keys
-                        .get(&ship_key)
-                        .into_iter()
-                        .flat_map(|k| &k.calls)
-                        .find(|c| {
-                            c.effect
-                                && !c.hung
-                                && (200..300).contains(&c.status)
-                                // Answered within a quarter of the relay's timeout:
-                            // the relay got it, unless it stalled for the rest.
-                            && ((c.ended_us - c.arrived_us) as i64) < e.http_timeout_us / 4
-                        });
-                    if let Some(call) = prompt {
-                        let excused = e
-                            .disruptions
-                            .iter()
-                            .any(|&t| t >= call.arrived_us as i64 && t <= call.ended_us as i64 + 60_000_000);
-                        if !excused {
-                            r.flag(Violation::PerformedButCancelled, order, &history());
-                        }
-                    }
-                }
-            }
-        }
-
-        // Concurrency actually hit: a payment and a refund of this order in
-        // flight at the same time.
-        let ids = |kind: EventKind| {
-            e.planned
-                .iter()
-                .filter(move |(_, (t, o))| *o == Some(order) && event_kind(t) == kind)
-                .map(|(id, _)| id.as_str())
-        };
-        let mut overlapped = false;
-        let mut payment_first = false;
-        for p in ids(EventKind::PaymentSucceeded) {
-            for q in ids(EventKind::PaymentRefunded) {
-                if let (Some((ps, pe)), Some((qs, qe))) = (interval_of(p), interval_of(q))
-                    && ps < qe
-                    && qs < pe
+                overlapped = true;
+                if let (Some(a), Some(b)) = (seq(p), seq(q))
+                    && a < b
                 {
-                    overlapped = true;
-                    let seq = |id: &str| {
-                        events
-                            .iter()
-                            .find(|c| c.event_id == id && c.phase == 1)
-                            .map(|c| c.seq)
-                    };
-                    if let (Some(a), Some(b)) = (seq(p), seq(q))
-                        && a < b
-                    {
-                        payment_first = true;
-                    }
+                    payment_first = true;
                 }
             }
         }
-        r.payment_refund_pairs_overlapping += usize::from(overlapped);
-        r.overlapping_with_payment_committed_first += usize::from(payment_first);
     }
-    r
+    r.payment_refund_pairs_overlapping += usize::from(overlapped);
+    r.overlapping_with_payment_committed_first += usize::from(payment_first);
 }

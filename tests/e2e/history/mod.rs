@@ -326,16 +326,15 @@ async fn deliver(
 
 /// Every order's events at once (each after its own small delay), with its
 /// duplicates, and the creation of a late order at its moment; `in_flight`
-/// orders at a time.
+/// orders at a time, to `stack`'s ingests.
 async fn deliver_all(
-    http: &reqwest::Client,
-    ingests: &[String],
+    stack: &Stack,
     groups: &[Group],
     phase: u8,
     in_flight: usize,
     log: &Mutex<Vec<Delivery>>,
-    shop: &Shop,
 ) {
+    let (http, ingests, shop) = (&stack.http, stack.targets.as_slice(), &stack.shop);
     futures_util::stream::iter(groups)
         .map(|group| async move {
             let sends = group.events.iter().flat_map(|p| {
@@ -676,14 +675,103 @@ fn window_without_200(deliveries: &[Delivery], at: i64) -> Duration {
 
 /// Runs a history (see the module) and checks it; the caller asserts.
 pub(crate) async fn run(options: Options<'_>) -> Run {
-    let Options {
-        orders,
-        seed,
-        chaos,
-        retention,
-        in_flight,
-        cluster,
-    } = options;
+    let histories = generate_histories(options.orders, options.seed, options.retention);
+    let (stack, mut processes) = start_stack(&options.cluster, options.orders, &histories.late).await;
+    let chaos_so_far = ChaosSoFar::default();
+    let progress = Mutex::new(Progress::start("history"));
+    let running = Running {
+        stack: &stack,
+        watched: Watched {
+            progress: &progress,
+            downstream: &stack.downstream,
+            chaos: options.chaos.then_some(&chaos_so_far),
+        },
+        chaos_so_far: &chaos_so_far,
+        log: Mutex::new(Vec::new()),
+        disruptions: Mutex::new(Vec::new()),
+        done: AtomicBool::new(false),
+    };
+    let failover = running
+        .deliver_phase1_with_faults(&options, &histories, &mut processes)
+        .await;
+    // A fresh connection: a restart or a failover closed the first one.
+    let client = testkit::TestDb::connect_url(&stack.url).await;
+    running
+        .watched
+        .until_drained(&client, "phase 1", Duration::from_secs(120))
+        .await;
+    if let Cluster::Ha(_) = options.cluster {
+        until_both_relays_listen(&client, &running.watched).await;
+    }
+    let phase1_end: i64 = client
+        .query_one("SELECT last_value FROM history_seq", &[])
+        .await
+        .unwrap()
+        .get(0);
+
+    let mut keys = HashMap::new();
+    let pruned = if options.retention {
+        running
+            .retention_then_phase2(&client, options.in_flight, &histories, &mut keys)
+            .await
+    } else {
+        HashSet::new()
+    };
+    running.assert_some_deliveries_batched().await;
+    processes.stop();
+    merge(&mut keys, &stack.downstream.stats());
+
+    let collected = collect_from_database(&client, phase1_end).await;
+    let deliveries = std::mem::take(&mut *running.log.lock().unwrap());
+    let (acknowledged, lost) = acknowledged_but_lost(&client, &deliveries, &pruned).await;
+    let failover = failover.map(|killed| killed.measured(&collected.writes, &keys, &deliveries));
+    let evidence = Evidence {
+        claims: collected.claims,
+        writes: collected.writes,
+        deliveries,
+        orders: collected.orders,
+        rows: collected.rows,
+        keys,
+        planned: histories.planned,
+        pruned,
+        disruptions: running.disruptions.lock().unwrap().clone(),
+        http_timeout_us: HTTP_TIMEOUT_MS as i64 * 1000,
+        late_orders: stack.shop.created.lock().unwrap().clone(),
+    };
+    running.watched.note(&format!(
+        "checking {} orders: {} claims, {} outbox writes, {} deliveries",
+        thousands(options.orders as u64),
+        thousands(evidence.claims.len() as u64),
+        thousands(evidence.writes.len() as u64),
+        thousands(evidence.deliveries.len() as u64)
+    ));
+    let report = check::check(&evidence);
+    running.watched.note("checked");
+    Run {
+        report,
+        acknowledged,
+        lost,
+        failover,
+    }
+}
+
+/// One run's histories: what the provider sends in each phase.
+struct Histories {
+    /// Every order's events, the stray payments, and the late orders'
+    /// creations.
+    phase1: Vec<Group>,
+    /// After retention: resends and new refunds of the retained orders.
+    phase2: Vec<Group>,
+    /// Orders whose rows and events age past retention and are pruned.
+    retained: HashSet<i64>,
+    /// Every event of both phases: id -> (type, order it names).
+    planned: HashMap<String, (String, Option<i64>)>,
+    /// Orders created after their first events were sent.
+    late: HashSet<i64>,
+}
+
+/// The histories of `seed`: a failing seed replays the same histories.
+fn generate_histories(orders: i64, seed: u64, retention: bool) -> Histories {
     let mut rng = StdRng::seed_from_u64(seed);
     let retained: HashSet<i64> = if retention {
         (1..=orders).filter(|_| rng.random_bool(0.05)).collect()
@@ -691,14 +779,93 @@ pub(crate) async fn run(options: Options<'_>) -> Run {
         HashSet::new()
     };
     let (phase1, phase2) = plan(&mut rng, orders, &retained, retention);
-    let planned: HashMap<String, (String, Option<i64>)> = phase1
+    let planned = phase1
         .iter()
         .chain(&phase2)
         .flat_map(|g| &g.events)
         .map(|p| (p.id.clone(), (p.event_type.to_owned(), p.order)))
         .collect();
-    let late: HashSet<i64> = phase1.iter().filter_map(|g| g.create.map(|(o, _)| o)).collect();
+    let late = phase1.iter().filter_map(|g| g.create.map(|(o, _)| o)).collect();
+    Histories {
+        phase1,
+        phase2,
+        retained,
+        planned,
+        late,
+    }
+}
 
+impl Histories {
+    /// Orders created only after their events aged past retention.
+    fn created_after_retention(&self) -> Vec<i64> {
+        self.phase1
+            .iter()
+            .filter_map(|g| match g.create {
+                Some((order, Late::AfterRetention)) => Some(order),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+/// What a history is delivered to, and the provider's and the shop's ends
+/// of it; the processes are apart ([`Processes`]), as the chaos replaces them.
+struct Stack {
+    url: String,
+    ingest_url: String,
+    relay_url: String,
+    downstream: RunningDownstream,
+    /// The ingests' listening and admin ports.
+    ports: [u16; 2],
+    admins: [u16; 2],
+    /// The ingests' base URLs, for the provider.
+    targets: Vec<String>,
+    http: reqwest::Client,
+    shop: Shop,
+    /// Where the services write their output; removed last.
+    dir: TempDir,
+}
+
+impl Stack {
+    fn spawn_ingest(&self, which: usize) -> Proc {
+        Proc::spawn(
+            "webhook-ingest",
+            &ingest_env(&self.ingest_url, self.ports[which], self.admins[which], which),
+            &self.dir.0,
+        )
+    }
+
+    fn spawn_relay(&self) -> Proc {
+        Proc::spawn(
+            "outbox-relay",
+            &relay_env(&self.relay_url, &self.downstream.url()),
+            &self.dir.0,
+        )
+    }
+}
+
+/// The two ingests and two relays.
+struct Processes {
+    ingests: Vec<Proc>,
+    relays: Vec<Proc>,
+}
+
+impl Processes {
+    /// A SIGTERM to each, relays first, each given 10 s to finish.
+    fn stop(&mut self) {
+        for relay in &mut self.relays {
+            relay.stop(Duration::from_secs(10));
+        }
+        for ingest in &mut self.ingests {
+            ingest.stop(Duration::from_secs(10));
+        }
+    }
+}
+
+/// A migrated database with the checker's triggers and the orders there
+/// from the start, the downstream with its faults, and two ingests and two
+/// relays, ready.
+async fn start_stack(cluster: &Cluster<'_>, orders: i64, late: &HashSet<i64>) -> (Stack, Processes) {
     let dir = TempDir(std::env::temp_dir().join(format!("history-{}", testkit::free_port())));
     std::fs::create_dir_all(&dir.0).unwrap();
     let url = match cluster {
@@ -715,10 +882,6 @@ pub(crate) async fn run(options: Options<'_>) -> Run {
         )
         .await
         .unwrap();
-    let ingest_url = testkit::login_url(&url, Role::Ingest).await;
-    let relay_url = testkit::login_url(&url, Role::Relay).await;
-    let shop = Shop::new(&url);
-
     let downstream = simulator::downstream::spawn(DownstreamConfig {
         faults: Faults {
             latency_ms: Latency::Uniform { low: 1.0, high: 15.0 },
@@ -733,99 +896,135 @@ pub(crate) async fn run(options: Options<'_>) -> Run {
     })
     .await
     .unwrap();
-
     let ports = [testkit::free_port(), testkit::free_port()];
-    let admins = [testkit::free_port(), testkit::free_port()];
-    let mut ingests: Vec<Proc> = (0..2)
-        .map(|i| {
-            Proc::spawn(
-                "webhook-ingest",
-                &ingest_env(&ingest_url, ports[i], admins[i], i),
-                &dir.0,
-            )
-        })
-        .collect();
-    let mut relays: Vec<Proc> = (0..2)
-        .map(|_| Proc::spawn("outbox-relay", &relay_env(&relay_url, &downstream.url()), &dir.0))
-        .collect();
-    let targets: Vec<String> = ports.iter().map(|p| format!("http://127.0.0.1:{p}")).collect();
     let _ = testkit::http(); // installs the TLS provider
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(2))
-        .pool_max_idle_per_host(64)
-        .build()
-        .unwrap();
-    for admin in admins {
-        wait_ready(&http, &format!("http://127.0.0.1:{admin}")).await;
-    }
-    let chaos_so_far = ChaosSoFar::default();
-    let progress = Mutex::new(Progress::start("history"));
-    let watched = Watched {
-        progress: &progress,
-        downstream: &downstream,
-        chaos: chaos.then_some(&chaos_so_far),
+    let stack = Stack {
+        ingest_url: testkit::login_url(&url, Role::Ingest).await,
+        relay_url: testkit::login_url(&url, Role::Relay).await,
+        shop: Shop::new(&url),
+        url,
+        downstream,
+        ports,
+        admins: [testkit::free_port(), testkit::free_port()],
+        targets: ports.iter().map(|p| format!("http://127.0.0.1:{p}")).collect(),
+        http: reqwest::Client::builder()
+            .timeout(Duration::from_secs(2))
+            .pool_max_idle_per_host(64)
+            .build()
+            .unwrap(),
+        dir,
     };
+    let processes = Processes {
+        ingests: (0..2).map(|i| stack.spawn_ingest(i)).collect(),
+        relays: (0..2).map(|_| stack.spawn_relay()).collect(),
+    };
+    for admin in stack.admins {
+        wait_ready(&stack.http, &format!("http://127.0.0.1:{admin}")).await;
+    }
+    (stack, processes)
+}
 
-    // Phase 1, with the chaos or the failover beside it.
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let disruptions = Arc::new(Mutex::new(Vec::new()));
-    let done = AtomicBool::new(false);
-    let planned1 = planned_deliveries(&phase1);
-    watched.note(&format!(
-        "phase 1: {} events of {} orders ({} created after their payments) and stray payments, {} deliveries{}",
-        thousands(phase1.iter().map(|g| g.events.len() as u64).sum()),
-        thousands(orders as u64),
-        thousands(late.len() as u64),
-        thousands(planned1),
-        match cluster {
-            Cluster::Private(_) if chaos =>
-                "; a relay SIGKILLed every 4 s, an ingest after 10 s, Postgres restarted after 20 s",
-            Cluster::Ha(_) => "; the primary's postmaster SIGKILLed a third of the way",
-            Cluster::Private(_) => "",
-        }
-    ));
-    let delivering = watched.delivering(1, planned1, &log, async {
-        deliver_all(&http, &targets, &phase1, 1, in_flight, &log, &shop).await;
-        done.store(true, Ordering::Release);
-    });
-    let chaos_loop = async {
-        let Cluster::Private(private) = cluster else {
-            return;
+/// What the steps of a run share.
+struct Running<'a> {
+    stack: &'a Stack,
+    watched: Watched<'a>,
+    chaos_so_far: &'a ChaosSoFar,
+    /// Every delivery attempt the provider made, in both phases.
+    log: Mutex<Vec<Delivery>>,
+    /// Moments (unix us) a relay was killed or Postgres went away: a relay
+    /// may have held a success it never got to record.
+    disruptions: Mutex<Vec<i64>>,
+    /// Phase 1's deliveries are over: the chaos stops, and a failover not
+    /// yet begun fails.
+    done: AtomicBool,
+}
+
+/// The primary's death and the promotion that followed, as they happened.
+struct PrimaryKilled {
+    killed: testkit::HaNode,
+    promoted: testkit::HaNode,
+    kill_us: i64,
+    promoted_after: Duration,
+    saw_unready: bool,
+}
+
+impl Running<'_> {
+    /// Phase 1: every history delivered, with the chaos (a soak run) or the
+    /// primary's death (an HA cluster) beside it.
+    async fn deliver_phase1_with_faults(
+        &self,
+        options: &Options<'_>,
+        histories: &Histories,
+        processes: &mut Processes,
+    ) -> Option<PrimaryKilled> {
+        let phase1 = &histories.phase1;
+        let planned1 = planned_deliveries(phase1);
+        self.watched.note(&format!(
+            "phase 1: {} events of {} orders ({} created after their payments) and stray payments, {} deliveries{}",
+            thousands(phase1.iter().map(|g| g.events.len() as u64).sum()),
+            thousands(options.orders as u64),
+            thousands(histories.late.len() as u64),
+            thousands(planned1),
+            match options.cluster {
+                Cluster::Private(_) if options.chaos =>
+                    "; a relay SIGKILLed every 4 s, an ingest after 10 s, Postgres restarted after 20 s",
+                Cluster::Ha(_) => "; the primary's postmaster SIGKILLed a third of the way",
+                Cluster::Private(_) => "",
+            }
+        ));
+        let delivering = self.watched.delivering(1, planned1, &self.log, async {
+            deliver_all(self.stack, phase1, 1, options.in_flight, &self.log).await;
+            self.done.store(true, Ordering::Release);
+        });
+        let chaos = async {
+            if let Cluster::Private(private) = options.cluster
+                && options.chaos
+            {
+                self.chaos_until_delivered(private, processes).await;
+            }
         };
-        if !chaos {
-            return;
-        }
+        let failover = async {
+            match options.cluster {
+                Cluster::Ha(ha) => Some(self.kill_the_primary(ha, planned1).await),
+                Cluster::Private(_) => None,
+            }
+        };
+        let ((), (), failover) = tokio::join!(delivering, chaos, failover);
+        failover
+    }
+
+    /// A soak run's chaos until phase 1 is delivered: a relay SIGKILLed
+    /// every 4 s and replaced at once, one ingest SIGKILLed after 10 s, and
+    /// Postgres stopped and restarted after 20 s.
+    async fn chaos_until_delivered(&self, private: &PrivateCluster, processes: &mut Processes) {
         let started = Instant::now();
         let (mut ingest_killed, mut restarted) = (false, false);
         let mut victim = 0usize;
-        while !done.load(Ordering::Acquire) {
+        while !self.done.load(Ordering::Acquire) {
             tokio::time::sleep(Duration::from_secs(4)).await;
-            relays[victim % 2].signal("KILL");
-            disruptions.lock().unwrap().push(now_us());
-            relays[victim % 2] =
-                Proc::spawn("outbox-relay", &relay_env(&relay_url, &downstream.url()), &dir.0);
+            processes.relays[victim % 2].signal("KILL");
+            self.disruptions.lock().unwrap().push(now_us());
+            processes.relays[victim % 2] = self.stack.spawn_relay();
             victim += 1;
-            chaos_so_far.relays_killed.fetch_add(1, Ordering::Relaxed);
+            self.chaos_so_far.relays_killed.fetch_add(1, Ordering::Relaxed);
             if !ingest_killed && started.elapsed() > Duration::from_secs(10) {
-                watched.note("SIGKILL one ingest of two, restarted at once");
-                ingests[0].signal("KILL");
-                let _ = ingests[0].child.wait();
-                ingests[0] = Proc::spawn(
-                    "webhook-ingest",
-                    &ingest_env(&ingest_url, ports[0], admins[0], 0),
-                    &dir.0,
-                );
+                self.watched.note("SIGKILL one ingest of two, restarted at once");
+                processes.ingests[0].signal("KILL");
+                let _ = processes.ingests[0].child.wait();
+                processes.ingests[0] = self.stack.spawn_ingest(0);
                 ingest_killed = true;
-                chaos_so_far.ingests_killed.fetch_add(1, Ordering::Relaxed);
+                self.chaos_so_far.ingests_killed.fetch_add(1, Ordering::Relaxed);
             } else if ingest_killed && !restarted && started.elapsed() > Duration::from_secs(20) {
-                watched.note("Postgres: fast shutdown, restarted 2 s later");
+                self.watched.note("Postgres: fast shutdown, restarted 2 s later");
                 private.stop().expect("fast shutdown");
-                disruptions.lock().unwrap().push(now_us());
+                self.disruptions.lock().unwrap().push(now_us());
                 tokio::time::sleep(Duration::from_secs(2)).await;
                 private.resume().expect("restart");
                 restarted = true;
-                chaos_so_far.postgres_restarts.fetch_add(1, Ordering::Relaxed);
-                watched.note("Postgres: restarted");
+                self.chaos_so_far
+                    .postgres_restarts
+                    .fetch_add(1, Ordering::Relaxed);
+                self.watched.note("Postgres: restarted");
             }
         }
         assert!(
@@ -833,15 +1032,23 @@ pub(crate) async fn run(options: Options<'_>) -> Run {
             "the deliveries ended before the chaos: raise HISTORY_ORDERS"
         );
         eprintln!("history: chaos: {victim} relays SIGKILLed, 1 ingest SIGKILLed, Postgres restarted once");
-    };
-    let failover_loop = async {
-        let Cluster::Ha(ha) = cluster else {
-            return None;
-        };
-        // A third of the way through the deliveries.
-        while log.lock().unwrap().iter().filter(|d| d.status == 200).count() < (planned1 / 3) as usize {
+    }
+
+    /// A third of the way through phase 1's deliveries, the primary's
+    /// postmaster SIGKILLed with its standby behind; then until a standby is
+    /// promoted, an ingest's readiness watched.
+    async fn kill_the_primary(&self, ha: &testkit::HaCluster, planned1: u64) -> PrimaryKilled {
+        while self
+            .log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|d| d.status == 200)
+            .count()
+            < (planned1 / 3) as usize
+        {
             assert!(
-                !done.load(Ordering::Acquire),
+                !self.done.load(Ordering::Acquire),
                 "the deliveries ended before the kill"
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -851,8 +1058,8 @@ pub(crate) async fn run(options: Options<'_>) -> Run {
             .await
             .expect("SIGKILL of the primary's postmaster");
         let kill_us = now_us();
-        disruptions.lock().unwrap().push(kill_us);
-        watched.note(&format!(
+        self.disruptions.lock().unwrap().push(kill_us);
+        self.watched.note(&format!(
             "SIGKILL of the primary's postmaster ({}, pid {}), its standby {} ms behind",
             killed.name,
             killed.postmaster_pid,
@@ -861,8 +1068,8 @@ pub(crate) async fn run(options: Options<'_>) -> Run {
         // An ingest's readiness while there is no primary, and just after.
         let polling = Arc::new(AtomicBool::new(true));
         let poller = tokio::spawn({
-            let (http, polling) = (http.clone(), polling.clone());
-            let readyz = format!("http://127.0.0.1:{}/readyz", admins[0]);
+            let (http, polling) = (self.stack.http.clone(), polling.clone());
+            let readyz = format!("http://127.0.0.1:{}/readyz", self.stack.admins[0]);
             async move {
                 let mut unready = false;
                 while polling.load(Ordering::Acquire) {
@@ -881,82 +1088,95 @@ pub(crate) async fn run(options: Options<'_>) -> Run {
         tokio::time::sleep(Duration::from_millis(500)).await;
         polling.store(false, Ordering::Release);
         let saw_unready = poller.await.unwrap();
-        watched.note(&format!(
+        self.watched.note(&format!(
             "{} promoted {:.1} s after the kill",
             promoted.name,
             promoted_after.as_secs_f64()
         ));
-        Some((killed, promoted, kill_us, promoted_after, saw_unready))
-    };
-    let ((), (), failover) = tokio::join!(delivering, chaos_loop, failover_loop);
-    // A fresh connection: a restart or a failover closed the first one.
-    drop(client);
-    let client = testkit::TestDb::connect_url(&url).await;
-    watched
-        .until_drained(&client, "phase 1", Duration::from_secs(120))
-        .await;
-    if let Cluster::Ha(_) = cluster {
-        // The relays' LISTEN connections found the new primary too (their
-        // claims alone would also come from polling).
-        let started = Instant::now();
-        loop {
-            let listening = testkit::count(
-                &client,
-                "SELECT count(*) FROM pg_stat_activity
-                  WHERE application_name = 'outbox-relay-listen' AND datname = current_database()",
-            )
-            .await;
-            if listening == 2 {
-                watched.note("both relays LISTEN on the new primary");
-                break;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "{listening} relays of 2 LISTEN on the new primary 30 s after the failover"
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
+        PrimaryKilled {
+            killed,
+            promoted,
+            kill_us,
+            promoted_after,
+            saw_unready,
         }
     }
-    let phase1_end: i64 = client
-        .query_one("SELECT last_value FROM history_seq", &[])
-        .await
-        .unwrap()
-        .get(0);
 
-    let mut keys = HashMap::new();
-    let mut pruned = HashSet::new();
-    if retention {
-        // Retention: the retained orders' rows and events age eight days and
-        // are pruned; a real email API forgets its keys too. The events of
-        // the orders still to come age with them: the prune must keep them.
-        merge(&mut keys, &downstream.stats());
-        let retained_ids: Vec<String> = phase1
+    /// Retention, then phase 2: resends and new refunds of the retained
+    /// orders. Returns the events whose records the prune removed.
+    async fn retention_then_phase2(
+        &self,
+        client: &tokio_postgres::Client,
+        in_flight: usize,
+        histories: &Histories,
+        keys: &mut HashMap<String, KeyRecord>,
+    ) -> HashSet<String> {
+        // The downstream forgets its keys below, as a real email API does
+        // after retention: what it held so far is kept here.
+        merge(keys, &self.stack.downstream.stats());
+        let pruned = self.age_and_prune(client, histories).await;
+        // The orders come at last; the reconciler applies their events by itself.
+        for order in histories.created_after_retention() {
+            self.stack.shop.create(order).await;
+        }
+        let reset = self
+            .stack
+            .http
+            .post(format!("{}/control/reset", self.stack.downstream.url()))
+            .send()
+            .await
+            .unwrap();
+        assert!(reset.status().is_success());
+
+        let phase2 = &histories.phase2;
+        let planned2 = planned_deliveries(phase2);
+        self.watched.note(&format!(
+            "phase 2: {} resends and new refunds of the {} retained orders, {} deliveries",
+            thousands(phase2.iter().map(|g| g.events.len() as u64).sum()),
+            thousands(phase2.len() as u64),
+            thousands(planned2)
+        ));
+        self.watched
+            .delivering(
+                2,
+                planned2,
+                &self.log,
+                deliver_all(self.stack, phase2, 2, in_flight, &self.log),
+            )
+            .await;
+        // The reconciler looks at events older than 15 minutes once a minute.
+        self.watched
+            .until_drained(client, "phase 2", Duration::from_secs(180))
+            .await;
+        pruned
+    }
+
+    /// The retained orders' rows and events age eight days and are pruned.
+    /// The events of the orders still to come age with them: the prune must
+    /// keep them. Returns the events whose records it removed.
+    async fn age_and_prune(&self, client: &tokio_postgres::Client, histories: &Histories) -> HashSet<String> {
+        let retained_ids: Vec<String> = histories
+            .phase1
             .iter()
             .flat_map(|g| &g.events)
-            .filter(|p| p.order.is_some_and(|o| retained.contains(&o)))
+            .filter(|p| p.order.is_some_and(|o| histories.retained.contains(&o)))
             .map(|p| p.id.clone())
             .collect();
-        let coming: Vec<i64> = phase1
-            .iter()
-            .filter_map(|g| match g.create {
-                Some((order, Late::AfterRetention)) => Some(order),
-                _ => None,
-            })
-            .collect();
-        let early_ids: Vec<String> = phase1
+        let early_ids: Vec<String> = histories
+            .phase1
             .iter()
             .filter(|g| matches!(g.create, Some((_, Late::AfterRetention))))
             .flat_map(|g| &g.events)
             .filter(|p| p.event_type != "payment.updated")
             .map(|p| p.id.clone())
             .collect();
-        let retained_orders: Vec<i64> = retained.iter().copied().collect();
-        watched.note(&format!(
+        let retained_orders: Vec<i64> = histories.retained.iter().copied().collect();
+        self.watched.note(&format!(
             "retention: {} orders' rows and {} events aged eight days, with {} unmatched events of {} orders still to come, then outbox-relay prune",
             thousands(retained_orders.len() as u64),
             thousands(retained_ids.len() as u64),
             thousands(early_ids.len() as u64),
-            thousands(coming.len() as u64)
+            thousands(histories.created_after_retention().len() as u64)
         ));
         client
             .execute(
@@ -976,17 +1196,16 @@ pub(crate) async fn run(options: Options<'_>) -> Run {
             .unwrap();
         let prune = std::process::Command::new(testkit::bin::path("outbox-relay"))
             .arg("prune")
-            .env("DATABASE_URL", &relay_url)
+            .env("DATABASE_URL", &self.stack.relay_url)
             .env("RETENTION_DAYS", "7")
-            .env("FULFILMENT_URL", downstream.url())
-            .env("EMAIL_URL", downstream.url())
+            .env("FULFILMENT_URL", self.stack.downstream.url())
+            .env("EMAIL_URL", self.stack.downstream.url())
             .output()
             .unwrap();
         assert!(prune.status.success(), "{prune:?}");
-        pruned = retained_ids.into_iter().collect();
         assert_eq!(
             testkit::count(
-                &client,
+                client,
                 &format!(
                     "SELECT count(*) FROM outbox WHERE order_id IN ({})",
                     retained_orders
@@ -1014,65 +1233,66 @@ pub(crate) async fn run(options: Options<'_>) -> Run {
             early_ids.len(),
             "the prune kept every unmatched event past retention"
         );
-        // The orders come at last; the reconciler applies their events by itself.
-        for order in coming {
-            shop.create(order).await;
+        retained_ids.into_iter().collect()
+    }
+
+    /// The histories went through batches (else this test proves nothing of
+    /// them). After a chaos run's SIGKILL the first ingest's counters
+    /// restart, so they are read from both.
+    async fn assert_some_deliveries_batched(&self) {
+        let mut batched = 0.0;
+        for admin in self.stack.admins {
+            let metrics =
+                crate::harness::metrics(&self.stack.http, &format!("http://127.0.0.1:{admin}")).await;
+            let get = |name: &str| metrics.find(name, &[]).unwrap_or(0.0);
+            eprintln!(
+                "history: ingest at {admin}: {} batches of {} deliveries, {} left alone (order locked), {} batches failed, {} unmatched events applied",
+                get("webhook_record_batches_total"),
+                get("webhook_record_batched_deliveries_total"),
+                get("webhook_record_batch_contended_total"),
+                get("webhook_record_batch_failures_total"),
+                get("webhook_unmatched_applied_total"),
+            );
+            batched += get("webhook_record_batched_deliveries_total");
         }
-        let reset = http
-            .post(format!("{}/control/reset", downstream.url()))
-            .send()
-            .await
-            .unwrap();
-        assert!(reset.status().is_success());
-
-        // Phase 2: resends and new refunds of the retained orders.
-        let planned2 = planned_deliveries(&phase2);
-        watched.note(&format!(
-            "phase 2: {} resends and new refunds of the {} retained orders, {} deliveries",
-            thousands(phase2.iter().map(|g| g.events.len() as u64).sum()),
-            thousands(phase2.len() as u64),
-            thousands(planned2)
-        ));
-        watched
-            .delivering(
-                2,
-                planned2,
-                &log,
-                deliver_all(&http, &targets, &phase2, 2, in_flight, &log, &shop),
-            )
-            .await;
-        // The reconciler looks at events older than 15 minutes once a minute.
-        watched
-            .until_drained(&client, "phase 2", Duration::from_secs(180))
-            .await;
+        assert!(batched > 0.0, "no delivery was recorded in a batch");
     }
-    // The histories went through batches (else this test proves nothing of
-    // them). After a chaos run's SIGKILL the first ingest's counters restart,
-    // so they are read from both.
-    let mut batched = 0.0;
-    for admin in admins {
-        let metrics = crate::harness::metrics(&http, &format!("http://127.0.0.1:{admin}")).await;
-        let get = |name: &str| metrics.find(name, &[]).unwrap_or(0.0);
-        eprintln!(
-            "history: ingest at {admin}: {} batches of {} deliveries, {} left alone (order locked), {} batches failed, {} unmatched events applied",
-            get("webhook_record_batches_total"),
-            get("webhook_record_batched_deliveries_total"),
-            get("webhook_record_batch_contended_total"),
-            get("webhook_record_batch_failures_total"),
-            get("webhook_unmatched_applied_total"),
+}
+
+/// Until the relays' LISTEN connections found the new primary (their claims
+/// alone would also come from polling).
+async fn until_both_relays_listen(client: &tokio_postgres::Client, watched: &Watched<'_>) {
+    let started = Instant::now();
+    loop {
+        let listening = testkit::count(
+            client,
+            "SELECT count(*) FROM pg_stat_activity
+              WHERE application_name = 'outbox-relay-listen' AND datname = current_database()",
+        )
+        .await;
+        if listening == 2 {
+            watched.note("both relays LISTEN on the new primary");
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{listening} relays of 2 LISTEN on the new primary 30 s after the failover"
         );
-        batched += get("webhook_record_batched_deliveries_total");
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    assert!(batched > 0.0, "no delivery was recorded in a batch");
-    for relay in &mut relays {
-        relay.stop(Duration::from_secs(10));
-    }
-    for ingest in &mut ingests {
-        ingest.stop(Duration::from_secs(10));
-    }
-    merge(&mut keys, &downstream.stats());
+}
 
-    // The evidence.
+/// What the checker reads from the database once everything stopped.
+struct Collected {
+    claims: Vec<Claim>,
+    writes: Vec<RowWrite>,
+    orders: HashMap<i64, String>,
+    rows: HashMap<(String, i64), String>,
+}
+
+/// The triggers' records, the orders' final states and the final outbox
+/// rows; a claim drawn after `phase1_end` belongs to phase 2.
+async fn collect_from_database(client: &tokio_postgres::Client, phase1_end: i64) -> Collected {
     let claims = client
         .query(
             "SELECT seq, op, event_id, event_type, order_id, status,
@@ -1093,7 +1313,7 @@ pub(crate) async fn run(options: Options<'_>) -> Run {
             phase: if r.get::<_, i64>(0) <= phase1_end { 1 } else { 2 },
         })
         .collect();
-    let writes: Vec<RowWrite> = client
+    let writes = client
         .query(
             "SELECT seq, order_id, kind, op, old_status, new_status, old_owner, new_owner, claimed,
                     (extract(epoch FROM at) * 1000000)::int8 FROM history_outbox",
@@ -1115,7 +1335,7 @@ pub(crate) async fn run(options: Options<'_>) -> Run {
             at_us: r.get(9),
         })
         .collect();
-    let final_orders = client
+    let orders = client
         .query("SELECT id, status FROM orders", &[])
         .await
         .unwrap()
@@ -1129,10 +1349,21 @@ pub(crate) async fn run(options: Options<'_>) -> Run {
         .into_iter()
         .map(|r| ((r.get(0), r.get(1)), r.get(2)))
         .collect();
-    let deliveries = std::mem::take(&mut *log.lock().unwrap());
+    Collected {
+        claims,
+        writes,
+        orders,
+        rows,
+    }
+}
 
-    // Every event the provider holds a 200 for (and retention did not
-    // prune) is on the primary now.
+/// Every event the provider holds a 200 for (and retention did not prune)
+/// is on the primary now: how many distinct events, and those missing.
+async fn acknowledged_but_lost(
+    client: &tokio_postgres::Client,
+    deliveries: &[Delivery],
+    pruned: &HashSet<String>,
+) -> (usize, Vec<String>) {
     let acknowledged: Vec<String> = deliveries
         .iter()
         .filter(|d| d.status == 200 && !pruned.contains(&d.event_id))
@@ -1156,8 +1387,19 @@ pub(crate) async fn run(options: Options<'_>) -> Run {
         .cloned()
         .collect();
     lost.sort();
+    (acknowledged.len(), lost)
+}
 
-    let failover = failover.map(|(killed, promoted, kill_us, promoted_after, saw_unready)| {
+impl PrimaryKilled {
+    /// The failover as the evidence shows it: how long without a 200, and
+    /// until the relays claimed and called again.
+    fn measured(
+        self,
+        writes: &[RowWrite],
+        keys: &HashMap<String, KeyRecord>,
+        deliveries: &[Delivery],
+    ) -> Failover {
+        let kill_us = self.kill_us;
         let first_claim = writes
             .iter()
             .filter(|w| w.claimed && w.at_us > kill_us)
@@ -1171,44 +1413,14 @@ pub(crate) async fn run(options: Options<'_>) -> Run {
                 .min()
         });
         Failover {
-            killed,
-            promoted,
-            promoted_after,
-            no_200_window: window_without_200(&deliveries, kill_us),
+            killed: self.killed,
+            promoted: self.promoted,
+            promoted_after: self.promoted_after,
+            no_200_window: window_without_200(deliveries, kill_us),
             first_claim_after: first_claim.map(|t| micros(t - kill_us)),
             first_call_after: first_call.map(|t| micros(t - kill_us)),
-            saw_unready,
+            saw_unready: self.saw_unready,
         }
-    });
-
-    let late_orders = shop.created.lock().unwrap().clone();
-    let evidence = Evidence {
-        claims,
-        writes,
-        deliveries,
-        orders: final_orders,
-        rows,
-        keys,
-        planned,
-        pruned,
-        disruptions: disruptions.lock().unwrap().clone(),
-        http_timeout_us: HTTP_TIMEOUT_MS as i64 * 1000,
-        late_orders,
-    };
-    watched.note(&format!(
-        "checking {} orders: {} claims, {} outbox writes, {} deliveries",
-        thousands(orders as u64),
-        thousands(evidence.claims.len() as u64),
-        thousands(evidence.writes.len() as u64),
-        thousands(evidence.deliveries.len() as u64)
-    ));
-    let report = check::check(&evidence);
-    watched.note("checked");
-    Run {
-        report,
-        acknowledged: acknowledged.len(),
-        lost,
-        failover,
     }
 }
 
