@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# `make deploy-smoke`: the images, built by scripts/images.sh, run exactly as
-# Kubernetes would run them, with the settings of the rendered dev overlay
-# (scripts/deploy_smoke/ says what it does and checks). Exit 0 if it passed.
+# `make deploy-smoke`: the rendered dev overlay run by `podman kube play` on
+# the images scripts/images.sh builds, with the checks that tie the manifests
+# to the binaries and a named shim for what podman 4.3 cannot do
+# (scripts/deploy_smoke/__init__.py lists both). Exit 0 if it passed.
 #
 # What it provides:
 # - podman and buildah (Debian's packages, installed the first time;
@@ -14,9 +15,9 @@
 #   DATABASE_URL is not used for that reason. Stopped at the end;
 # - the simulated provider and downstream: crates/simulator, built with the
 #   binaries in the images (target/release, or target/debug).
-# The containers reach the host's loopback (the Postgres, the downstream)
-# at 10.0.2.2 through slirp4netns; each has a network namespace of its own,
-# like a pod, so the ports are the manifests'.
+# The pods reach the host's loopback (the Postgres, the downstream) at
+# 10.0.2.2 through slirp4netns; each has a network namespace of its own, so
+# the ports are the manifests'.
 #
 # Environment:
 #   IMAGES_PROFILE=release       release | debug (make test uses debug)

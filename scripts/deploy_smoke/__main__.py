@@ -8,42 +8,40 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
 
 try:
-    from .breaks import BREAKS
-    from .objects import SmokeFailure
-    from .podman import Runtime
-    from .neighbours import ROOT, Cluster, Downstream
-    from .scenario import full
-    from .smoke import INGEST, RELAY, Options, Smoke, Steps, say
+    from .breaks import BREAKS, Break
+    from .manifests import ROOT, SmokeFailure
+    from .neighbours import Cluster, Downstream
+    from .pods import remove_leftovers
+    from .scenario import INGEST, RELAY, Options, Smoke, Steps, full, say
 except ImportError as e:  # pragma: no cover - environment problem
     sys.stderr.write(f"deploy-smoke: missing Python package ({e.name}); run scripts/deploy-smoke.sh\n")
     sys.exit(2)
 
 
-def mb(n: int) -> str:
-    return f"{n / 1e6:.1f} MB"
-
-
-def run_break(b, opts: Options, cluster: Cluster, downstream: Downstream, timeout: float) -> str | None:
+def run_break(b: Break, opts: Options, cluster: Cluster, downstream: Downstream) -> str | None:
     """None if the smoke failed as it must; else what went wrong."""
-    smoke = Smoke(Options(**{**opts.__dict__, "mutate": b.mutate, "ready_timeout": timeout, "quiet": True}), cluster, downstream)
+    smoke = None
     try:
-        smoke.plan()
+        smoke = Smoke(opts, cluster, downstream, b.mutate)
+        smoke.create_secrets()
         smoke.database()
         smoke.migrate()
-        for owner in (INGEST, RELAY):
-            smoke.start_service(owner)
+        for name in (INGEST, RELAY):
+            smoke.start(name, opts.ready_timeout)
     except SmokeFailure as e:
         if b.expect not in str(e):
             return f"failed, but not for the expected reason ({b.expect!r}): {e}"
         say(f"the smoke FAILS, as it must: {e}")
         return None
     finally:
-        smoke.cleanup()
+        if smoke:
+            smoke.cleanup()
     return "the smoke passed a broken render"
 
 
@@ -58,36 +56,41 @@ def main() -> int:
                         help="only this broken render, expecting the smoke to fail")
     parser.add_argument("--no-breaks", action="store_true", help="skip the broken renders")
     args = parser.parse_args()
+    # SIGTERM (a CI job's timeout) unwinds like Ctrl-C: every pod is removed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     images = json.loads(args.images.read_text())
     workdir = ROOT / "target/deploy-smoke"
-    # Logs, audits and the report of the last run only.
+    # Logs, the played YAML, audits and the report of the last run only.
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     key = hashlib.sha1(str(ROOT).encode()).hexdigest()[:10]
     opts = Options(args.overlay.resolve(), (args.secrets or args.overlay / "secrets.example.yaml").resolve(),
                    images, os.environ.get("DEPLOY_CHECK_KUBECTL", "kubectl"), key, workdir, args.ready_timeout)
-    left = Runtime(key, workdir).remove_leftovers()
+    left = remove_leftovers(key)
     if left:
-        print(f"deploy-smoke: removed {left} container(s) an interrupted run left")
+        print(f"deploy-smoke: removed {left} pod(s) an interrupted run left")
 
     t0 = time.monotonic()
     breaks = [b for b in BREAKS if b.name == args.only_break] if args.only_break else ([] if args.no_breaks else BREAKS)
-    steps = Steps((0 if args.only_break else 9) + len(breaks))
+    steps = Steps((0 if args.only_break else 7) + len(breaks))
     cluster = Cluster()
     downstream = Downstream(ROOT / images["bindir"] / "simulator", workdir)
     smoke = None
     try:
         if not args.only_break:
-            smoke = Smoke(opts, cluster, downstream)
             try:
+                smoke = Smoke(opts, cluster, downstream)
                 full(smoke, steps)
             finally:
-                smoke.cleanup()
+                if smoke:
+                    smoke.cleanup()
+        # A broken pod need not take the whole ready timeout to be refused.
+        opts.ready_timeout = min(args.ready_timeout, 15)
         problems = []
         for b in breaks:
             with steps.step(f"self-test: a broken render ({b.name}) must fail the smoke"):
-                problem = run_break(b, opts, cluster, downstream, min(args.ready_timeout, 15))
+                problem = run_break(b, opts, cluster, downstream)
                 if problem:
                     problems.append(f"{b.name}: {problem}")
                     say(f"NOT CAUGHT: {problem}")
@@ -95,7 +98,7 @@ def main() -> int:
             raise SmokeFailure("the smoke's self-test: " + "; ".join(problems))
     except SmokeFailure as e:
         print(f"deploy-smoke: FAILED: {e}", flush=True)
-        print(f"deploy-smoke: logs in {workdir.relative_to(ROOT)}/", file=sys.stderr)
+        print(f"deploy-smoke: logs and the played YAML in {workdir.relative_to(ROOT)}/", file=sys.stderr)
         return 1
     finally:
         downstream.stop()
@@ -104,23 +107,9 @@ def main() -> int:
     elapsed = time.monotonic() - t0
     print(f"deploy-smoke: passed in {elapsed:.0f} s")
     report = {"profile": images["profile"], "revision": images["revision"], "seconds": round(elapsed, 1),
-              "images": {k: {"tag": v["tag"], "bytes": v["size"]} for k, v in images["images"].items()},
-              "base_bytes": images["base"]["size"]}
+              "images": {k: {"tag": v["tag"], "bytes": v["size"]} for k, v in images["images"].items()}}
     if smoke:
-        f = smoke.figures
-        report.update(cold_start_secs={k: round(v, 3) for k, v in f.cold_start.items()},
-                      kubelet_ready_secs={k: round(v, 1) for k, v in f.kubelet_ready.items()},
-                      migrate_secs=round(f.migrate_secs, 2),
-                      stop_secs={k: round(v.after_sigterm_secs, 2) for k, v in f.stops.items()})
-        print(f"  images ({images['profile']} binaries; uncompressed):")
-        for name, i in images["images"].items():
-            print(f"    {i['tag']:<30} {mb(i['size']):>9}  (base stand-in {mb(images['base']['size'])})")
-        print("  cold start to ready (podman run -> the first 200 from the readiness path, polled every 20 ms;"
-              " in brackets, when the probe on the kubelet's schedule found it Ready):")
-        for owner, secs in f.cold_start.items():
-            print(f"    {owner:<28} {secs:.2f} s  (Ready at the kubelet's probe at {f.kubelet_ready[owner]:.1f} s)")
-        print(f"  migration Job: {f.migrate_secs:.1f} s; SIGTERM to exit: "
-              + ", ".join(f"{k.split('/')[1]} {v.after_sigterm_secs:.1f} s" for k, v in f.stops.items()))
+        report.update({k: round(v, 2) for k, v in smoke.figures.items()})
     (workdir / "report.json").write_text(json.dumps(report, indent=2))
     return 0
 

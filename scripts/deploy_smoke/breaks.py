@@ -6,34 +6,28 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from .objects import Objects, SmokeFailure
-
-INGEST = ("Deployment", "webhook-ingest")
+from .manifests import Render
 
 
-def container(objs: Objects, kind: str, name: str) -> dict:
-    for o in objs.of_kind(kind):
-        if o["metadata"]["name"] == name:
-            return o["spec"]["template"]["spec"]["containers"][0]
-    raise SmokeFailure(f"the render has no {kind}/{name} to break")
+def ingest(r: Render) -> dict:
+    return r.get("Deployment", "webhook-ingest")["spec"]["template"]["spec"]["containers"][0]
 
 
-def readiness_port(objs: Objects) -> str:
-    c = container(objs, *INGEST)
+def readiness_port(r: Render) -> str:
+    c = ingest(r)
     probe = c["readinessProbe"]["httpGet"]
-    port = next(p["containerPort"] for p in c["ports"] if p.get("name") == probe["port"] or p["containerPort"] == probe["port"])
+    port = next(p["containerPort"] for p in c["ports"] if probe["port"] in (p.get("name"), p["containerPort"]))
     probe["port"] = port + 1
     return f"webhook-ingest's readinessProbe.httpGet.port: {port + 1} (nothing listens there)"
 
 
-def root_user(objs: Objects) -> str:
-    c = container(objs, *INGEST)
-    c.setdefault("securityContext", {})["runAsUser"] = 0
+def root_user(r: Render) -> str:
+    ingest(r).setdefault("securityContext", {})["runAsUser"] = 0
     return "webhook-ingest's securityContext.runAsUser: 0"
 
 
-def missing_variable(objs: Objects) -> str:
-    c = container(objs, *INGEST)
+def missing_variable(r: Render) -> str:
+    c = ingest(r)
     c["env"] = [e for e in c["env"] if e["name"] != "WEBHOOK_SECRETS"]
     return "webhook-ingest's env without WEBHOOK_SECRETS"
 
@@ -41,7 +35,7 @@ def missing_variable(objs: Objects) -> str:
 @dataclass
 class Break:
     name: str
-    mutate: Callable[[Objects], str]
+    mutate: Callable[[Render], str]
     expect: str  # in the smoke's failure
 
 

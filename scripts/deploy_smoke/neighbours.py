@@ -1,5 +1,5 @@
-"""What stands around the pods: the smoke's own Postgres, the simulated
-downstream APIs, and a lock that holds the ingest's requests in flight."""
+"""What stands around the pods: the smoke's own Postgres and the simulated
+downstream APIs, both on the host's loopback."""
 
 from __future__ import annotations
 
@@ -9,9 +9,7 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from .objects import SmokeFailure
-
-ROOT = Path(__file__).resolve().parents[2]
+from .manifests import ROOT, SmokeFailure
 
 
 class Cluster:
@@ -77,23 +75,3 @@ class Downstream:
         except subprocess.TimeoutExpired:
             self.proc.kill()
         self.log.close()
-
-
-class Lock:
-    """`LOCK TABLE orders` held in a session of its own until released: the
-    ingest's requests wait on it, in flight."""
-
-    def __init__(self, url: str) -> None:
-        self.proc = subprocess.Popen(["psql", url, "-X", "-qAt", "-v", "ON_ERROR_STOP=1"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.proc.stdin.write("BEGIN;\nLOCK TABLE orders IN EXCLUSIVE MODE;\nSELECT 'locked';\n")
-        self.proc.stdin.flush()
-        # Held once psql says so, not when asked for.
-        if self.proc.stdout.readline().strip() != "locked":
-            raise SmokeFailure(f"could not lock orders: {self.proc.stderr.read().strip()}")
-
-    def release(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.stdin.write("COMMIT;\n")
-            self.proc.stdin.close()
-            self.proc.wait(timeout=30)
