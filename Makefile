@@ -35,8 +35,8 @@ release:
 
 ## Every test against a real Postgres, then the Kubernetes manifests' check and smoke.
 ## Postgres: DATABASE_URL, or the throwaway cluster; the manifests are
-## checked offline against the binaries, then the debug binaries' images run
-## as the dev overlay says (make deploy-smoke; skipped, saying so, where podman
+## checked offline against the binaries, then the debug binaries' images
+## played with the dev overlay by podman kube play (make deploy-smoke; skipped, saying so, where podman
 ## cannot be installed, unless CI is set).
 test: build
 	scripts/with-db.sh scripts/test.sh
@@ -67,9 +67,9 @@ deploy-check: build
 images: $(images_build)
 	IMAGES_PROFILE=$(IMAGES_PROFILE) scripts/images.sh
 
-## The images run exactly as Kubernetes would run the rendered dev overlay.
-## Builds them (make images), then the migration Job, the ingest and the relay
-## with the pods' settings read from `kubectl kustomize`: webhooks, probes, the
+## The rendered dev overlay played by `podman kube play`, with a named shim for
+## what podman 4.3 cannot do. Builds the images (make images), then the
+## migration Job, the ingest and the relay: webhooks, probes, the
 ## database stopped and started, SIGTERM with work in flight, and three broken
 ## renders it must refuse (scripts/deploy_smoke). About a minute.
 deploy-smoke: $(images_build)
@@ -121,7 +121,8 @@ db-stop:
 	@scripts/pg-cluster.sh stop
 
 ## The benchmark (docs/BENCHMARK.md): report.{json,md} and plots in target/bench.
-## Prints each phase as it starts ([4/14] relay ...) and its time. BENCH_QUICK=1
-## for a short run (about 5 minutes); see scripts/bench/__init__.py.
+## A full run also rewrites the latest figures in docs/BENCHMARK.md and the
+## README; BENCH_QUICK=1 is a shorter run that writes target/bench only.
+## The phases: PYTHONPATH=scripts python3 -m bench --list.
 bench: release
 	scripts/with-db.sh env PYTHONPATH=scripts python3 -m bench

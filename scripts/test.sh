@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Every test of the workspace against DATABASE_URL (an admin URL: tests create
-# a database each). Uses cargo-nextest when installed (one process per test,
-# so a test that kills processes or stops a cluster cannot disturb another),
-# else cargo test.
+# The scripts' own Python tests, then every test of the workspace against
+# DATABASE_URL (an admin URL: tests create a database each). Uses
+# cargo-nextest when installed (one process per test, so a test that kills
+# processes or stops a cluster cannot disturb another), else cargo test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${DATABASE_URL:?DATABASE_URL must be set (use: make test)}"
@@ -13,6 +13,9 @@ if command -v psql >/dev/null 2>&1; then
   psql "$psql_url" -qAt -c "SELECT datname FROM pg_database WHERE datname LIKE 't\_%'" 2>/dev/null \
     | while read -r name; do psql "$psql_url" -q -c "DROP DATABASE IF EXISTS \"$name\" WITH (FORCE)" >/dev/null 2>&1 || true; done
 fi
+
+# The scripts' own tests (the bench's documents, written from its report).
+python3 -m unittest discover --start-directory scripts --top-level-directory scripts --pattern 'test_*.py'
 
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --no-fail-fast "$@"

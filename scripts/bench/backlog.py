@@ -1,6 +1,6 @@
-"""Phase 10: the relay's backlog gauge statement (backlog.sql, run every 5 s
-on every relay pod) with a few million pending rows: its median time, so a
-gauge that scans the whole backlog shows here. The rows are removed after."""
+"""The `backlog` phase (runner.PHASES): backlog.sql runs every 5 s on every
+relay pod, so a gauge that scans the whole backlog shows here. The rows are
+removed after."""
 
 from __future__ import annotations
 

@@ -1,13 +1,8 @@
-"""CPU by process over one window, for the throughput ratios that two shared
-cores decide: Postgres (every server process, as db_cpu counts it), the
-long-running processes named (the services, the downstream simulator), and
-the bench's children that ran to completion in the window (the load
-generator, pgbench, the peer), from resource.getrusage(RUSAGE_CHILDREN).
-
-With every part in microseconds per unit of work (a request, a transaction,
-a row, a job), a ratio between two CPU-bound runs is about the inverse ratio
-of their totals; replacing one part by the other run's shows what a design
-could reach at best (`ceiling`)."""
+"""CPU by process over one window, in microseconds per unit of work, for the
+throughput ratios two shared cores decide (docs/BENCHMARK.md, "What bounds
+the ratios"): Postgres (as db_cpu counts it), the long-running processes
+named, and the bench's children that ran to completion in the window
+(resource.getrusage(RUSAGE_CHILDREN))."""
 
 from __future__ import annotations
 

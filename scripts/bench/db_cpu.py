@@ -1,21 +1,12 @@
-"""Phase 6b: the database's cost per webhook. Postgres CPU time (every
-process of the server, as bench/README.md counts it) over a steady run at one
-moderate rate, divided by the webhooks it handled, for the product end to end
-(the ingest answering `simulator provider` at half of peak while a relay
-delivers what it enqueues to the zero-latency downstream) and for the two
-reference designs under pgbench at the same rate (ingest and per-batch relay
-scripts weighted 25:1, two outbox rows per ingest transaction).
-
-The accounting: the postmaster is found from the data directory's
-postmaster.pid (or as the parent of a backend); its children are every
-process whose parent it is. A window's CPU is, from /proc/PID/stat, the
-utime + stime each child gained (from zero for one born in the window), plus
-the postmaster's own, plus what its cutime + cstime gained (the children
-that exited) less what those children had already used at the start. A
-sampler reads the children every 0.2 s so that the exited ones are still
-split by kind (their last 0.2 s is "exited, unattributed"). The bench's own
-polling session and any backend of another database are left out; the
-services' own CPU is reported beside, never counted."""
+"""The `db_cpu` phase (runner.PHASES; the method: docs/BENCHMARK.md, "How
+the figures are measured"). Postgres CPU of every process of the server, as
+bench/README.md counts it, read from /proc: the postmaster (postmaster.pid,
+or the parent of a backend) and its children, each child's utime + stime
+gained in the window, the postmaster's own and its cutime + cstime for the
+children that exited. A sampler reads the children every 0.2 s so exited
+ones are still split by kind (their last 0.2 s is "exited, unattributed").
+The bench's polling session, other databases' backends and the services'
+own CPU are reported beside, never counted."""
 
 from __future__ import annotations
 
@@ -403,13 +394,7 @@ def run(bench: Bench) -> None:
         "postmaster_pid": server.pid, "rate_target_rps": round(rate, 1), "rate_from": rate_from,
         "references_rate_rps": same, "product": product, "naive": naive, "limit": limit, "rounds": runs,
         "ratio_per_round": [ratio(runs["product"][i]["us_per_webhook"]["total"],
-                                  runs["naive"][i]["us_per_ingest_transaction"]["total"]) for i in (0, 1)],
-        "note": "us per webhook answered (every 2xx delivery, duplicates included) for the product, per "
-                "ingest transaction for the references; two rounds of half the window each (product, "
-                "naive, limit, then limit, naive, product), added up; each window runs from the load's "
-                "start until no outbox row is pending; the references run at the rate the product's first "
-                f"run answered, {REF_CLIENTS} pgbench clients, ingest and relay scripts weighted "
-                f"{INGEST_WEIGHT}:{RELAY_WEIGHT} (2 rows per ingest transaction, 50 per claim)"}
+                                  runs["naive"][i]["us_per_ingest_transaction"]["total"]) for i in (0, 1)]}
     r = bench.report
     r["db_cpu_us_per_webhook"] = product["us_per_webhook"]["total"]
     r["db_cpu_us_per_new_event"] = product["us_per_new_event"]["total"]

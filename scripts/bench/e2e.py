@@ -1,5 +1,4 @@
-"""Phase 6: webhook accepted -> downstream effect, idle and while a
-provider load runs at half of peak."""
+"""The `e2e` phase (runner.PHASES): webhook accepted -> downstream effect."""
 
 from __future__ import annotations
 

@@ -1,34 +1,14 @@
-"""Phase 11, fresh: a new deployment's first seconds on a just-migrated
-database, against the steady state.
-
-A service's connections prepare their statements on first use, and after
-five executions may keep a generic plan made from what the planner knew
-then: on a just-migrated database, empty tables no ANALYZE has described.
-This phase measures what that costs:
-
- 1. bench_fresh: migrated, the bench's 1M orders (vacuumed and analyzed as
-    in bench_product: the shop's table), processed_events and outbox empty
-    and never analyzed by the bench (autovacuum as the server has it), then
-    a checkpoint.
- 2. A new ingest, its pool connecting now, on the empty tables; 64 senders
-    (signed, 10% duplicates) for `fresh_secs`: `ingest_fresh_rps`. No relay
-    runs: the commands its payments enqueued are the backlog of step 3.
- 3. A new relay over that backlog (drain_backlog): the rates over the first
-    and the last tenth of the rows, `relay_drain_flatness_fresh`.
- 4. The steady state, on the same database right after: the history every
-    ingest run of the bench starts from (Product.reset: processed events and
-    done outbox rows, every order pending, vacuumed, analyzed,
-    checkpointed), a new ingest, the same 64 senders for the same time:
-    `ingest_steady_rps`, and `ingest_fresh_vs_steady` = fresh / steady.
-    Measured here rather than taken from the ingest phase: a minute apart
-    on one database, where the ingest phase ran minutes earlier on another
-    (this machine's speed drifts by more than the margin), and it works
-    when the phase runs alone.
-
-Each window also records the tables' scans and autovacuum/autoanalyze runs
-(pg_stat_user_tables) and the CPU per request by process: a generic plan
-gone bad shows as sequential scans and Postgres CPU.
-"""
+"""The `fresh` phase (runner.PHASES; the method: docs/BENCHMARK.md): a new
+deployment's first seconds on a just-migrated database, against the steady
+state. A service's connections prepare their statements on first use, and
+after five executions may keep a generic plan made from what the planner
+knew then: on a just-migrated database, empty tables no ANALYZE described.
+The steady run is measured here, on the same database a minute later,
+rather than taken from the ingest phase: this machine's speed drifts by
+more than the margin, and the phase then also runs alone. Each window
+records the tables' scans and autovacuum/autoanalyze runs and the CPU per
+request by process: a generic plan gone bad shows as sequential scans and
+Postgres CPU."""
 
 from __future__ import annotations
 

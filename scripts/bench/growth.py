@@ -1,6 +1,6 @@
-"""Phase 9: 64 senders and the relay's claim with 1M / 10M processed
-events and 1M done outbox rows; a history the time budget cannot generate is
-cut, and the report says so."""
+"""The `growth` phase (runner.PHASES): the ingest and the relay's claim over
+a growing history; a history the time budget cannot generate is cut, and the
+report says so."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from .config import CFG, ROOT, T0, BenchError, log
 from .db import Product
 from .history import generate, history_events_sql, history_outbox_sql
 from .load import provider_run, summary_brief
+from .prune import undo_run
 
 if TYPE_CHECKING:
     from .runner import Bench
@@ -95,10 +96,7 @@ def run(bench: Bench) -> None:
         if i == 0:
             gen_outbox = generate(bench, "outbox", history_outbox_sql, 1, done_rows // 2, done_rows // 2)
         t_vac = time.monotonic()
-        bench.db.sql(Product.DB, """
-DELETE FROM outbox WHERE status = 'pending';
-UPDATE orders SET status = 'pending', updated_at = now() WHERE status <> 'pending';
-VACUUM ANALYZE orders; VACUUM ANALYZE outbox; VACUUM ANALYZE processed_events; CHECKPOINT;""", timeout=1200)
+        undo_run(bench, timeout=1200)
         vac = round(time.monotonic() - t_vac, 1)
         size = bench.db.one(Product.DB, "SELECT pg_size_pretty(pg_total_relation_size('processed_events')) "
                                        "|| ' / ' || pg_size_pretty(pg_total_relation_size('outbox'))")

@@ -1,31 +1,13 @@
-"""Phase 12, outage: the relay when a downstream outage ends.
-
-While the fulfilment and email APIs were down, every call failed and the
-relay retried with backoff; when they come back, the outage's commands are
-all due at once, on top of the history the tables hold. Made with
-set-based SQL on bench_product:
-
-- history: `outage_history_events` processed events and `outage_done_rows`
-  done outbox rows over the last six days (history.py: inside the 7-day
-  retention, so the relay's prune deletes none of them during the drain);
-- `outage_due_rows` pending rows, a shipment and a confirmation per order
-  (OUTAGE_ORDER0 + n) as the ingest writes them (payload {v, order_id,
-  event_id}, key, trace context), created over the last hour; nine in ten
-  were tried, 1 to 12 attempts (as many claims) as the relay's backoff allows
-  in their age, with the last error an HTTP 503 or a refused connection,
-  and are due again at a time between their creation and now; the rest were
-  never tried (due since their creation);
-- VACUUM ANALYZE and a CHECKPOINT (an hour of autovacuum would have seen to
-  the tables).
-
-Then a new relay drains them all (fresh.drain_backlog): `relay_outage_rows_per_s`
-and `relay_drain_flatness_outage`, the slower of the first and the last tenth
-of the rows over the faster. With `outage_peer`, graphile-worker (bench/peer)
-then drains as many no-op jobs on bench_peer: `peer_outage_jobs_per_s`. Its
-table keeps no history to run on (a job is deleted when done), and its jobs
-are no-ops where each of the relay's rows is an HTTP call: read it beside
-`relay_vs_peer`, not as a ratio of its own.
-"""
+"""The `outage` phase (runner.PHASES; the method: docs/BENCHMARK.md): the
+relay when a downstream outage ends and its commands are all due at once,
+on top of the history the tables hold. Made with set-based SQL on
+bench_product: six days of history (inside the 7-day retention, so the
+relay's prune deletes none of it during the drain); the due rows as the
+ingest writes them (payload {v, order_id, event_id}, key, trace context),
+nine in ten tried before as the relay's backoff allows in their age; then
+VACUUM ANALYZE and a CHECKPOINT (an hour of autovacuum would have seen to
+the tables). The peer's no-op jobs (full runs) have no history to run on:
+read them beside `relay_vs_peer`, not as a ratio of their own."""
 
 from __future__ import annotations
 

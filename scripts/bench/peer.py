@@ -1,6 +1,5 @@
-"""Phase 5: graphile-worker draining as many no-op jobs, on bench_peer; then as
-many jobs that each POST to the downstream (`--http`), like the relay's drain.
-Each drain's CPU by process is measured from the moment its jobs are queued."""
+"""The `peer` phase (runner.PHASES): graphile-worker on bench_peer. Each
+drain's CPU by process is measured from the moment its jobs are queued."""
 
 from __future__ import annotations
 

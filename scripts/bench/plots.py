@@ -3,7 +3,6 @@
     throughput.png  req/s against senders: ours, the naive and the one-statement references
     latency.png     latency percentiles of the ingest's runs, and accepted -> downstream effect
     drains.png      the relay's drains over time, and every drain's rows/s beside the peer's
-    phases.png      the wall time of each phase
 
 The benchmark itself is standard library only: `draw` installs the pinned
 packages of scripts/bench-requirements.txt (matplotlib) into a venv under
@@ -36,7 +35,6 @@ PLOTS = [
     ("throughput.png", "Throughput against senders"),
     ("latency.png", "Latency percentiles"),
     ("drains.png", "Relay drains"),
-    ("phases.png", "Time per phase"),
 ]
 
 
@@ -223,24 +221,6 @@ def _drains(plt, r: dict) -> object | None:
     return fig
 
 
-def _phases(plt, r: dict) -> object | None:
-    phases = r.get("phase_secs") or {}
-    if not phases:
-        return None
-    fig, ax = plt.subplots(figsize=(8, 0.45 * len(phases) + 1.5))
-    names = list(phases)
-    ax.barh(names, [phases[n] for n in names], color=["tab:red" if n in r.get("errors", {}) else "tab:blue"
-                                                      for n in names])
-    for i, n in enumerate(names):
-        ax.annotate(f" {phases[n]:.1f} s", (phases[n], i), va="center", fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlabel("seconds (red: the phase failed)")
-    ax.grid(True, axis="x", alpha=0.3)
-    ax.set_title(f"Time per phase ({r.get('mode')} run, {r.get('total_secs')} s in all)")
-    fig.tight_layout()
-    return fig
-
-
 def _draw_all(report_json: Path, out: Path) -> list[dict]:
     import matplotlib
 
@@ -248,8 +228,7 @@ def _draw_all(report_json: Path, out: Path) -> list[dict]:
     import matplotlib.pyplot as plt
 
     r = json.loads(report_json.read_text())
-    figures = {"throughput.png": _throughput, "latency.png": _latency, "drains.png": _drains,
-               "phases.png": _phases}
+    figures = {"throughput.png": _throughput, "latency.png": _latency, "drains.png": _drains}
     drawn = []
     for name, title in PLOTS:
         try:
@@ -274,7 +253,7 @@ def main(argv: list[str]) -> int:
     r = json.loads(report_json.read_text())
     r["plots"] = draw(report_json, report_json.parent)
     report_json.write_text(json.dumps(r, indent=2) + "\n")
-    (report_json.parent / "report.md").write_text(tables(r, md=True))
+    (report_json.parent / "report.md").write_text(tables(r))
     print(f"report: {report_json.parent / 'report.md'}")
     return 0
 

@@ -1,5 +1,5 @@
-"""Phase 1, setup: the three databases, the downstream, the peer's
-node_modules (once), and what the machine is."""
+"""The `setup` phase (runner.PHASES): the three databases, the downstream,
+the peer's node_modules (once), and what the machine is."""
 
 from __future__ import annotations
 

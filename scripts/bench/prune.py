@@ -1,6 +1,4 @@
-"""Phase 8: retention under load: old done outbox rows and processed
-events, the ingest at half of peak for a baseline window, then while
-`outbox-relay prune` deletes them."""
+"""The `prune` phase (runner.PHASES): retention under load."""
 
 from __future__ import annotations
 
@@ -167,14 +165,14 @@ def run(bench: Bench) -> None:
                        f"{RETENTION_DAYS}), beside {CFG['product_history']:,} recent ones")
 
 
-def undo_run(bench: Bench) -> None:
+def undo_run(bench: Bench, timeout: float = 600) -> None:
     """Every order pending again (a provider run pays orders 1, 2, ..: the
     next would find them paid) and no pending outbox row; the run's
     processed events stay (recent, new ids). Vacuumed, checkpointed."""
     bench.db.sql(Product.DB, """
 DELETE FROM outbox WHERE status = 'pending';
 UPDATE orders SET status = 'pending', updated_at = now() WHERE status <> 'pending';
-VACUUM ANALYZE orders; VACUUM ANALYZE outbox; VACUUM ANALYZE processed_events; CHECKPOINT;""", timeout=600)
+VACUUM ANALYZE orders; VACUUM ANALYZE outbox; VACUUM ANALYZE processed_events; CHECKPOINT;""", timeout=timeout)
 
 
 def prunable(bench: Bench) -> tuple[int, int]:

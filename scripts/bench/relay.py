@@ -1,6 +1,5 @@
-"""Phase 4: the relay draining rows inserted at once (one statement and a
-NOTIFY): three back-to-back drains with one relay, one with two; then the
-ingest at 64 senders with a relay draining."""
+"""The `relay` phase (runner.PHASES): drains of rows inserted at once, then
+the end-to-end peak of the ingest with a relay draining."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Phase 7b: the relay's log line per call: drains with it on (the
-default level) and off (RUST_LOG=warn), alternated on, off, off, on."""
+"""The `relay_log` phase (runner.PHASES): the relay's log line per call."""
 
 from __future__ import annotations
 

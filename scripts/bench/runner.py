@@ -1,4 +1,4 @@
-"""The phases in order, each announced as `[3/12] half_load ...` and
+"""The phases in order, each announced as `[n/of] name ...` and
 timed, its errors recorded (one failing phase does not stop the others),
 and the state they share."""
 
@@ -15,22 +15,39 @@ from .db import Db, Product, Reference
 from .services import Service, Services
 
 
-# Every phase in the order it runs (docs/BENCHMARK.md, "Phases").
+# Every phase in the order it runs, and what it measures: the one list
+# (`python3 -m bench --list`; docs/BENCHMARK.md's table is written from it).
 PHASES = [
-    ("setup", prepare.run),
-    ("ingest", ingest.run),
-    ("half_load", ingest.run_half_load),
-    ("relay", relay.run),
-    ("peer", peer.run),
-    ("e2e", e2e.run),
-    ("db_cpu", db_cpu.run),
-    ("tracing", tracing.run),
-    ("relay_log", relay_log.run),
-    ("prune", prune.run),
-    ("growth", growth.run),
-    ("backlog", backlog.run),
-    ("fresh", fresh.run),
-    ("outage", outage.run),
+    ("setup", prepare.run, "databases `bench_product` (migrated, 1M orders, some history), `bench_ref` "
+     "(`bench/schema.sql`), `bench_peer` (empty); the downstream simulator; the peer's modules; the machine"),
+    ("ingest", ingest.run, "closed loop at 1, 16 and 64 senders (signed, 10% duplicates), each beside pgbench "
+     "running both reference ingests at the same concurrency and duration; at 64 senders three alternated pairs; "
+     "every run starts from the same reset state"),
+    ("half_load", ingest.run_half_load, "open loop at half of the measured peak: p50, p99"),
+    ("relay", relay.run, "50,000 rows (quick: 30,000) inserted at once (one transaction with a `NOTIFY`) while "
+     "the relay runs idle; three back-to-back drains with one relay (no VACUUM between them), one with two relays "
+     "(after a VACUUM); then the ingest at 64 senders with a relay delivering, until nothing is pending: the "
+     "end-to-end peak"),
+    ("peer", peer.run, "graphile-worker (`bench/peer`, batching, concurrency 24) draining as many no-op jobs, "
+     "then as many jobs that each POST to the downstream (`--http`)"),
+    ("e2e", e2e.run, "webhook accepted to downstream effect: idle (20 events/s, one by one), while a provider "
+     "load runs at half of the end-to-end peak, then at half of the ingest's own peak"),
+    ("db_cpu", db_cpu.run, "Postgres CPU per webhook: the ingest at half of peak with a relay delivering, then "
+     "pgbench at the same rate on each reference design (ingest and relay scripts 25:1), each until nothing is "
+     "pending; two rounds (ours, naive, limit, then limit, naive, ours), added up"),
+    ("tracing", tracing.run, "64 senders with and without OTLP export to a local sink"),
+    ("relay_log", relay_log.run, "the relay's log line per call: drains with it on (the default level) and off "
+     "(`RUST_LOG=warn`), alternated on, off, off, on"),
+    ("prune", prune.run, "retention under load: 1M done outbox rows and 1M processed events 30 days old (quick: "
+     "50k each); the ingest at half of peak for a baseline window, then while `outbox-relay prune` deletes them"),
+    ("growth", growth.run, "64 senders and the relay's claim time with 1M and 10M processed events and 1M done "
+     "outbox rows behind them (quick: smaller); a history the time budget cannot generate is cut, and said"),
+    ("backlog", backlog.run, "the relay's backlog gauge statement (`backlog.sql`) with 3M pending rows (quick: "
+     "300k): its median time"),
+    ("fresh", fresh.run, "a new ingest's first 15 s at 64 senders on a just-migrated database, against the steady "
+     "state on the same database; then a new relay over the backlog those payments left"),
+    ("outage", outage.run, "a new relay over 500,000 rows due at once after a downstream outage, on six days of "
+     "history (quick: less history); the peer over as many jobs (full runs)"),
 ]
 
 
@@ -56,7 +73,7 @@ class Bench:
         self.relays: list[Service] = []
         self.rss: dict = {}
         # `[n/of]` of each phase this run runs.
-        names = [name for name, _ in PHASES if chosen(name)]
+        names = [name for name, *_ in PHASES if chosen(name)]
         self.numbers = {name: f"[{i}/{len(names)}]" for i, name in enumerate(names, 1)}
 
     peer_error: str | None = None
@@ -113,7 +130,7 @@ class Bench:
         self.details["rss"] = self.rss
 
     def run(self) -> None:
-        for name, fn in PHASES:
+        for name, fn, _ in PHASES:
             self.phase(name, fn)
             if name == "setup" and "setup" in self.errors:
                 return

@@ -1,5 +1,4 @@
-"""Phase 7: a short 64-sender run with and without OTLP export, to a local
-sink."""
+"""The `tracing` phase (runner.PHASES): the cost of OTLP export."""
 
 from __future__ import annotations
 

@@ -59,7 +59,7 @@ async fn the_relays_statements_probe_indexes_on_a_fresh_database() {
 /// The prunes delete the rows their retention index found by ctid, never by
 /// probing the primary key: processed_events' key holds random text ids, and
 /// a batch's probes read random leaf pages into the shared buffers the
-/// ingest needs (docs/BENCHMARK.md, "The prune").
+/// ingest needs (docs/BENCHMARK.md, "What bounds each figure").
 #[tokio::test]
 async fn the_prunes_delete_by_ctid_without_probing_the_primary_key() {
     let db = testkit::TestDb::new().await;
