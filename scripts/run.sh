@@ -53,7 +53,12 @@ done
 mkdir -p "$dir"
 rm -f "$dir"/*.log "$dir"/acks.jsonl "$dir"/audit.json "$dir"/provider.json
 
-say() { printf '\033[1m[run]\033[0m %s\n' "$*" >&2; }
+# Bold only on a terminal, and not when NO_COLOR is set (no-color.org).
+if [ -t 2 ] && [ -z "${NO_COLOR:-}" ]; then
+  say() { printf '\033[1m[run]\033[0m %s\n' "$*" >&2; }
+else
+  say() { printf '[run] %s\n' "$*" >&2; }
+fi
 
 pids=()
 cleanup() {
@@ -182,10 +187,36 @@ else:
         if f["count"] and f["rule"] != "double_effects":
             ids = " ".join(map(str, f["examples"]))
             problems.append(f"{f['count']} {f['title']} (orders {ids})")
-print(f"provider: {provider['events']} events, {provider['deliveries']} deliveries "
-      f"({provider['duplicate_deliveries']} duplicates, {provider['burst_deliveries']} in bursts, "
-      f"{provider['retries']} retries after {provider['timeouts']} timeouts), all acknowledged: "
-      f"{provider['acknowledged'] == provider['events']}")
+acked = "every one acknowledged" if provider["acknowledged"] == provider["events"] else \
+    f"{provider['acknowledged']} of them acknowledged"
+print(f"provider: {provider['events']} events, {acked}; {provider['deliveries']} deliveries "
+      f"({provider['duplicate_deliveries']} sent as duplicates, {provider['burst_deliveries']} in bursts, "
+      f"{provider['retries']} retries)")
+if audit is not None:
+    # The provider's deliveries against the database's, line by line: a
+    # refused or shed delivery writes no row, and a delivery the provider
+    # stopped waiting for may still have been recorded.
+    answers = {int(code): n for code, n in provider["status_counts"].items()}
+    ok = sum(n for code, n in answers.items() if 200 <= code < 300)
+    refused = {code: n for code, n in answers.items() if code >= 300}
+    received = audit["deliveries"]
+    distinct = audit["distinct_events"]
+    late = received - ok
+    rows = [("sent by the provider", provider["deliveries"], "")]
+    rows += [(f"answered {code}", -n, "nothing recorded" + (": shed or past the deadline, retried" if code == 503 else ""))
+             for code, n in sorted(refused.items())]
+    if provider["connection_errors"]:
+        rows.append(("connection errors", -provider["connection_errors"], "nothing recorded"))
+    rows.append(("timed out at the provider", -provider["timeouts"], ""))
+    rows.append(("  of which the ingest recorded", late, "it finished after the provider stopped waiting"))
+    rows.append(("received by the database", received, "the audit's deliveries: every one that reached its event's row"))
+    print("deliveries, the provider's count against the database's:")
+    for label, n, why in rows:
+        print(f"  {label:<32} {n:>8,}" + (f"  {why}" if why else ""))
+    if not 0 <= late <= provider["timeouts"]:
+        problems.append(f"the database received {received} deliveries, which the provider's answers do not explain")
+    print(f"  the database's duplicates: {received - distinct:,} = {received:,} deliveries - {distinct:,} events "
+          "(every delivery after an event's first: duplicates, burst copies and retries alike)")
 if problems:
     print("RESULT: FAILED: " + "; ".join(problems))
     sys.exit(1)
@@ -198,12 +229,16 @@ if [ "$keep" = 1 ]; then
   echo
   say "RUN_KEEP=1: still serving until Ctrl-C; orders pay_$first .. pay_$last are new and unpaid. Try:"
   cat >&2 <<HINTS
+  export DATABASE_URL='$DATABASE_URL' INGEST=$ingest_addr DOWNSTREAM=${downstream#http://} PROVIDER_SECRET=$secret PATH=$bin:\$PATH
   PROVIDER_SECRET=$secret $bin/simulator send pay_$first --target http://$ingest_addr
   curl -s $downstream/stats         # requests and effects per idempotency key
   DATABASE_URL=$DATABASE_URL $bin/outbox-relay stats
   DATABASE_URL=$DATABASE_URL $bin/simulator audit --downstream $downstream --lease-secs $lease
-  metrics: http://$ingest_admin/metrics and http://$relay_admin/metrics
+  curl -s http://$ingest_admin/metrics     # the ingest's metrics (its /readyz beside)
+  curl -s http://$relay_admin/metrics      # the relay's
 HINTS
+  # Ctrl-C is how this run ends: stopped cleanly, the audit's result kept.
+  trap 'say "stopping everything"; cleanup; exit "$result"' INT TERM
   while :; do sleep 3600 & pids+=($!); wait $!; done
 fi
 exit "$result"

@@ -300,7 +300,10 @@ def code_metrics() -> tuple[set[str], set[str], set[str]]:
         for body in LABEL_SET.findall(text):
             labels |= set(re.findall(r"pub (\w+):", body))
     sources = shipped_sources()
-    literals = set(re.findall(r'"((?:[^"\\]|\\.)*)"', sources))
+    # re.S: a backslash that continues a Rust string on the next line is one
+    # escape, not the end of the literal (which would pair every later quote
+    # wrongly).
+    literals = set(re.findall(r'"((?:[^"\\]|\\.)*)"', sources, re.S))
     # process::metrics::register(.., "<service>_build_info", ..): a collector's gauge.
     series |= {name for name in literals if re.fullmatch(r"[a-z_]+_build_info", name)}
     return series, labels, literals

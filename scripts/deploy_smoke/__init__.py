@@ -38,9 +38,9 @@ smoke's own throwaway Postgres. What it does, in order:
    on systemd timers, and ignores readiness. Taken out of the played YAML;
    the smoke probes from the host.
 5. Ports (pods.py): podman 4.3 publishes each containerPort at the same host
-   port (both pods serve 9090) and a slirp4netns pod has no address the host
-   reaches: each containerPort, and each port a probe names, is published on
-   127.0.0.1 at a free port (hostPort, hostIP).
+   port (two pods of one Deployment would both take it) and a slirp4netns
+   pod has no address the host reaches: each containerPort, and each port a
+   probe names, is published on 127.0.0.1 at a free port (hostPort, hostIP).
 6. runAsNonRoot (pods.py): podman ignores it; the kubelet's check is made.
 7. preStop and terminationGracePeriodSeconds (pods.py): podman 4.3 runs no
    lifecycle hook and stops after 10 s; the smoke sleeps the preStop, then

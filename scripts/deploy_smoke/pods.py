@@ -118,10 +118,11 @@ class Workload:
         for k in ("livenessProbe", "readinessProbe", "startupProbe"):
             c.pop(k, None)
         # Shim 5: podman 4.3 publishes a containerPort on the host at the
-        # same number (both pods serve 9090), and a pod on slirp4netns has no
-        # address the host reaches. Each containerPort, and each port a probe
-        # names (a kubelet probes any port of the pod's IP), is published on
-        # 127.0.0.1 at a free port: the smoke's view of the pod's IP.
+        # same number (two pods of one Deployment would both take it), and a
+        # pod on slirp4netns has no address the host reaches. Each
+        # containerPort, and each port a probe names (a kubelet probes any
+        # port of the pod's IP), is published on 127.0.0.1 at a free port:
+        # the smoke's view of the pod's IP.
         ports = c.setdefault("ports", [])
         declared = {p["containerPort"]: p for p in ports}
         wanted = set(declared) | {p.port for p in (self.readiness, self.liveness) if p}

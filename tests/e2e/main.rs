@@ -8,6 +8,7 @@ mod architecture;
 mod chaos;
 mod dev_cluster;
 mod failover;
+mod first_run;
 mod ha_cluster;
 mod harness;
 mod history;

@@ -33,6 +33,20 @@ async fn make_run_replays_the_incident_with_no_double_effect() {
     assert!(out.status.success(), "run.sh failed:\n{stdout}\n{stderr}");
     assert!(stdout.contains("RESULT: exactly once"), "{stdout}");
     assert!(stdout.contains("double effects                 0"), "{stdout}");
+    // Plain words and plain text: no Python spelling, no terminal codes in
+    // a pipe, and the provider's deliveries reconciled with the database's.
+    assert!(stdout.contains("every one acknowledged"), "{stdout}");
+    assert!(
+        !stdout.contains("True") && !stderr.contains('\x1b'),
+        "{stdout}\n{stderr:?}"
+    );
+    for line in [
+        "sent by the provider",
+        "timed out at the provider",
+        "received by the database",
+    ] {
+        assert!(stdout.contains(line), "no `{line}` in:\n{stdout}");
+    }
 
     let audit: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join("audit.json")).unwrap()).unwrap();

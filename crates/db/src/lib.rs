@@ -20,7 +20,9 @@
 //!   in schema `public`; the schema status.
 //! - [`ready`]: the database half of `/readyz` (reachable, `search_path`
 //!   pinned, schema current).
-//! - `error`: [`is_connectivity_error`], what a database error means.
+//! - `error`: [`is_connectivity_error`], what a database error means;
+//!   [`error_chain`], an error with its causes; [`setting_to_check`], where
+//!   a failed connection points.
 //! - [`span`]: the statements' client spans ([`client_span!`]), by the
 //!   OpenTelemetry conventions for database spans.
 //!
@@ -42,7 +44,7 @@ mod url;
 
 pub use cancel::Canceller;
 pub use connect::{ConnectOptions, Database, INDEX_PATHS, SEARCH_PATH};
-pub use error::is_connectivity_error;
+pub use error::{advice, error_chain, is_connectivity_error, setting_to_check};
 pub use migrate::{SchemaStatus, UnsafeSchema, migrate, schema_status};
 pub use mode::PoolMode;
 pub use pool::{Client, Pool, PoolError, PoolStatus};

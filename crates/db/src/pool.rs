@@ -43,6 +43,9 @@ impl Database {
 pub struct Pool {
     inner: deadpool_postgres::Pool,
     mode: PoolMode,
+    /// Why the database was last said not to be ready ([`crate::ready`]),
+    /// shared by the clones, so that a cause is logged once per change.
+    pub(crate) not_ready: std::sync::Arc<std::sync::Mutex<Option<String>>>,
 }
 
 impl std::fmt::Debug for Pool {
@@ -73,7 +76,11 @@ pub struct PoolStatus {
 
 impl Pool {
     fn new(inner: deadpool_postgres::Pool, mode: PoolMode) -> Self {
-        Self { inner, mode }
+        Self {
+            inner,
+            mode,
+            not_ready: std::sync::Arc::default(),
+        }
     }
 
     /// A connection: an idle one, or a new one when there is room; waits (up

@@ -35,15 +35,46 @@ struct NotReady {
 /// Ok when a pooled connection answers within 2 s, its session resolves
 /// names in `pg_catalog` alone, and the schema is current. Else a short
 /// reason for the client: [`UNAVAILABLE`], [`UNSAFE_SEARCH_PATH`], or the
-/// schema's state (not migrated, behind); the error's detail is logged
-/// (warn).
+/// schema's state (not migrated, behind); the cause and the setting to check
+/// go to the log ([`say`]).
 pub async fn check(pool: &Pool) -> Result<(), String> {
-    probe(pool).await.map_err(|e| {
-        if e.detail != e.public {
-            tracing::warn!(detail = %e.detail, "not ready: {}", e.public);
+    let probed = probe(pool).await;
+    say(pool, probed.as_ref().err());
+    probed.map_err(|e| e.public)
+}
+
+/// Logs why the database is not ready once per change of cause (a warning
+/// naming the setting to check), and that it is ready again (info): a
+/// kubelet's probe every few seconds repeats nothing.
+fn say(pool: &Pool, not_ready: Option<&NotReady>) {
+    let mut said = pool
+        .not_ready
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    match not_ready {
+        Some(e) if said.as_deref() != Some(e.detail.as_str()) => {
+            tracing::warn!("not ready: {}; /readyz answers 503 until it is", e.detail);
+            *said = Some(e.detail.clone());
         }
-        e.public
-    })
+        None if said.take().is_some() => tracing::info!("database ready: schema current"),
+        _ => {}
+    }
+}
+
+/// Why no connection could be had, every layer of it ("db error: FATAL:
+/// password authentication failed for user ...", "error connecting to
+/// server: Connection refused"), and what to check. No host, port or
+/// password: none of the errors carries one.
+fn unreachable(e: &crate::PoolError) -> String {
+    let (cause, check) = match e {
+        crate::PoolError::Backend(e) => (crate::error_chain(e), crate::setting_to_check(e)),
+        crate::PoolError::Timeout(_) => (
+            "no connection in time".to_owned(),
+            "the host and port in DATABASE_URL, and the network",
+        ),
+        _ => (crate::error_chain(e), "DATABASE_URL"),
+    };
+    format!("database unreachable: {cause}; check {check}")
 }
 
 async fn probe(pool: &Pool) -> Result<(), NotReady> {
@@ -54,7 +85,7 @@ async fn probe(pool: &Pool) -> Result<(), NotReady> {
     let client = tokio::time::timeout(Duration::from_secs(2), pool.get())
         .await
         .map_err(|_| unavailable("no connection within 2s".to_owned()))?
-        .map_err(|e| unavailable(format!("database unreachable: {e}")))?;
+        .map_err(|e| unavailable(unreachable(&e)))?;
     let settings = ROLE_SETTINGS
         .query_one(&client, &[])
         .await
@@ -105,31 +136,18 @@ pub(crate) const ROLE_SETTINGS: Sql = Sql::new(
 )
 .returning(ROLE_SETTINGS_COLUMNS);
 
-/// Says once, in one line, when the database is not ready at start-up, and
-/// again when it becomes ready (no restart needed). Behind a transaction-mode
-/// pooler, also says when the role sets no `statement_timeout` (a warning:
-/// statements are then unbounded, nothing worse; an unpinned `search_path`
-/// keeps the service unready instead, see [`UNSAFE_SEARCH_PATH`]).
+/// Probes at start-up until the database is ready, saying why not once per
+/// change of cause ([`say`]) and when it is (no restart needed). Behind a
+/// transaction-mode pooler, also says when the role sets no
+/// `statement_timeout` (a warning: statements are then unbounded, nothing
+/// worse; an unpinned `search_path` keeps the service unready instead, see
+/// [`UNSAFE_SEARCH_PATH`]).
 pub async fn announce(pool: Pool) {
-    let mut complained = false;
-    loop {
-        match probe(&pool).await {
-            Ok(()) => {
-                if complained {
-                    tracing::info!("database ready: schema current");
-                }
-                if pool.mode() == PoolMode::Transaction {
-                    warn_without_role_timeout(&pool).await;
-                }
-                return;
-            }
-            Err(NotReady { detail, .. }) if !complained => {
-                tracing::warn!("not ready: {detail}; /readyz answers 503 until it is");
-                complained = true;
-            }
-            Err(_) => {}
-        }
+    while check(&pool).await.is_err() {
         tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    if pool.mode() == PoolMode::Transaction {
+        warn_without_role_timeout(&pool).await;
     }
 }
 

@@ -26,6 +26,12 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the worker (the default).
+    ///
+    /// Its settings are the top-level flags and variables (`outbox-relay
+    /// --help`): flags go before `run`.
+    #[command(
+        after_help = "Examples:\n  DATABASE_URL=postgres://... FULFILMENT_URL=http://... EMAIL_URL=http://... outbox-relay\n  outbox-relay --relay-batch-size 100 run"
+    )]
     Run,
     /// Dead rows: list or show them, put them back to pending, or discard them.
     Dead {
@@ -33,6 +39,7 @@ pub enum Command {
         command: DeadCommand,
     },
     /// Rows by status and kind, and the oldest pending row's age.
+    #[command(after_help = "Examples:\n  outbox-relay stats\n  outbox-relay stats --json")]
     Stats {
         /// One JSON object on stdout.
         #[arg(long)]
@@ -42,6 +49,7 @@ pub enum Command {
     ///
     /// A line on stderr every few seconds while it runs (rows deleted so far
     /// per table, batches, elapsed), then the summary on stdout.
+    #[command(after_help = "Examples:\n  RETENTION_DAYS=7 outbox-relay prune\n  outbox-relay prune --json")]
     Prune {
         /// The summary as one JSON object on stdout.
         #[arg(long)]
@@ -52,6 +60,9 @@ pub enum Command {
     },
     /// After an incident: deliveries, duplicates, and commands enqueued and
     /// delivered by kind, as the database recorded them.
+    #[command(
+        after_help = "Examples:\n  outbox-relay audit --since 6h\n  outbox-relay audit --since 7d --json"
+    )]
     Audit {
         /// The window: events processed and commands enqueued this recently (90s, 30m, 6h, 7d).
         #[arg(long, default_value = "24h", value_parser = process::args::parse_duration)]
@@ -65,12 +76,16 @@ pub enum Command {
 #[derive(Debug, Subcommand)]
 pub enum DeadCommand {
     /// Dead rows with their last error, oldest first.
+    #[command(
+        after_help = "Examples:\n  outbox-relay dead list --kind ship_order\n  outbox-relay dead list --after 597 --json"
+    )]
     List {
         /// Only rows of this kind (ship_order, send_confirmation, send_refund_notice, or any other a row has).
         #[arg(long)]
         kind: Option<String>,
         /// At most this many rows (1 to 100000).
-        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i64).range(1..=100_000))]
+        #[arg(long, default_value_t = 100, allow_negative_numbers = true,
+              value_parser = clap::value_parser!(i64).range(1..=100_000))]
         limit: i64,
         /// The next page: the rows after this id (the last of the previous page).
         #[arg(long, value_name = "ID")]
@@ -80,6 +95,7 @@ pub enum DeadCommand {
         json: bool,
     },
     /// One outbox row, whole (of any status): what it sends, its state, attempts, last error, times, trace.
+    #[command(after_help = "Examples:\n  outbox-relay dead show 597")]
     Show {
         /// The row's id.
         id: i64,
@@ -88,9 +104,13 @@ pub enum DeadCommand {
         json: bool,
     },
     /// Back to pending, due now, attempts reset; prints each row it put back.
+    #[command(group(clap::ArgGroup::new("rows").required(true).args(["id", "all"])))]
+    #[command(
+        after_help = "Examples:\n  outbox-relay dead requeue 597\n  outbox-relay dead requeue --all --kind ship_order --dry-run"
+    )]
     Requeue {
         /// The row's id.
-        #[arg(required_unless_present = "all", conflicts_with_all = ["all", "kind"])]
+        #[arg(conflicts_with_all = ["all", "kind"])]
         id: Option<i64>,
         /// Every dead row (of --kind, if given).
         #[arg(long)]
@@ -106,6 +126,7 @@ pub enum DeadCommand {
         json: bool,
     },
     /// End a dead row as cancelled, with the reason, kept for the audit (until retention).
+    #[command(after_help = "Examples:\n  outbox-relay dead discard 597 --reason 'order cancelled by phone'")]
     Discard {
         /// The row's id.
         id: i64,
@@ -140,88 +161,83 @@ pub struct Settings {
 
     /// Connections in the pool: claims and completions are short, a few suffice.
     #[arg(long, env = "DATABASE_POOL_SIZE", default_value_t = 8,
-          value_parser = clap::value_parser!(u32).range(2..=1000), global = true)]
+          value_parser = clap::value_parser!(u32).range(2..=1000))]
     pub database_pool_size: u32,
 
     #[command(flatten)]
-    pub admin: AdminArgs,
+    pub admin: AdminArgs<{ process::args::RELAY_ADMIN_PORT }>,
 
     /// Base URL of the fulfilment API (POST {FULFILMENT_URL}/shipments). A
     /// user and password in it are sent as HTTP Basic credentials.
-    #[arg(long, env = "FULFILMENT_URL", hide_env_values = true, global = true)]
+    #[arg(long, env = "FULFILMENT_URL", hide_env_values = true)]
     pub fulfilment_url: Option<Secret<String>>,
 
     /// The fulfilment API's `Authorization` header, sent verbatim on every
     /// call (`Bearer ...`, `Basic ...`); unset, none is sent.
-    #[arg(long, env = "FULFILMENT_AUTHORIZATION", hide_env_values = true, global = true)]
+    #[arg(long, env = "FULFILMENT_AUTHORIZATION", hide_env_values = true)]
     pub fulfilment_authorization: Option<Secret<String>>,
 
     /// Base URL of the email API (POST {EMAIL_URL}/emails). A user and
     /// password in it are sent as HTTP Basic credentials.
-    #[arg(long, env = "EMAIL_URL", hide_env_values = true, global = true)]
+    #[arg(long, env = "EMAIL_URL", hide_env_values = true)]
     pub email_url: Option<Secret<String>>,
 
     /// The email API's `Authorization` header, sent verbatim on every call;
     /// unset, none is sent.
-    #[arg(long, env = "EMAIL_AUTHORIZATION", hide_env_values = true, global = true)]
+    #[arg(long, env = "EMAIL_AUTHORIZATION", hide_env_values = true)]
     pub email_authorization: Option<Secret<String>>,
 
     /// Rows claimed per claim statement.
     #[arg(long, env = "RELAY_BATCH_SIZE", default_value_t = 50,
-          value_parser = clap::value_parser!(u32).range(1..=10_000), global = true)]
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub relay_batch_size: u32,
 
     /// Downstream calls in flight per process.
     #[arg(long, env = "RELAY_CONCURRENCY", default_value_t = 32,
-          value_parser = clap::value_parser!(u32).range(1..=10_000), global = true)]
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub relay_concurrency: u32,
 
     /// How long a claimed row is ours. Must exceed the HTTP timeout, or a
     /// slow call could see its row claimed (and sent) by another relay.
     #[arg(long, env = "RELAY_LEASE_SECS", default_value_t = 60,
-          value_parser = clap::value_parser!(u64).range(1..=86_400), global = true)]
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub relay_lease_secs: u64,
 
     /// Per downstream request, connection included.
     #[arg(long, env = "RELAY_HTTP_TIMEOUT_MS", default_value_t = 10_000,
-          value_parser = clap::value_parser!(u64).range(1..=3_600_000), global = true)]
+          value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
     pub relay_http_timeout_ms: u64,
 
     /// Calls per row before it is dead.
     #[arg(long, env = "RELAY_MAX_ATTEMPTS", default_value_t = 25,
-          value_parser = clap::value_parser!(u32).range(1..=1000), global = true)]
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub relay_max_attempts: u32,
 
     /// First retry delay (before jitter); doubles per attempt.
     #[arg(long, env = "RELAY_BACKOFF_BASE_MS", default_value_t = 1000,
-          value_parser = clap::value_parser!(u64).range(1..=3_600_000), global = true)]
+          value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
     pub relay_backoff_base_ms: u64,
 
     /// Longest retry delay, Retry-After included.
     #[arg(long, env = "RELAY_BACKOFF_MAX_SECS", default_value_t = 3600,
-          value_parser = clap::value_parser!(u64).range(1..=604_800), global = true)]
+          value_parser = clap::value_parser!(u64).range(1..=604_800))]
     pub relay_backoff_max_secs: u64,
 
     /// Fallback polling; LISTEN/NOTIFY wakes the relay at once.
     #[arg(long, env = "RELAY_POLL_INTERVAL_MS", default_value_t = 1000,
-          value_parser = clap::value_parser!(u64).range(10..=3_600_000), global = true)]
+          value_parser = clap::value_parser!(u64).range(10..=3_600_000))]
     pub relay_poll_interval_ms: u64,
 
     /// Wake on NOTIFY (true), or poll only (false: behind a pooler without a direct connection).
-    #[arg(long, env = "RELAY_LISTEN", default_value_t = true, action = clap::ArgAction::Set, global = true)]
+    #[arg(long, env = "RELAY_LISTEN", default_value_t = true, action = clap::ArgAction::Set)]
     pub relay_listen: bool,
 
     /// A direct (not pooled) connection for LISTEN, when DATABASE_URL goes through PgBouncer in transaction mode.
-    #[arg(
-        long,
-        env = "RELAY_LISTEN_DATABASE_URL",
-        hide_env_values = true,
-        global = true
-    )]
+    #[arg(long, env = "RELAY_LISTEN_DATABASE_URL", hide_env_values = true)]
     pub relay_listen_database_url: Option<Secret<String>>,
 
     /// Lease holder name (a random suffix is added per process); defaults to the host name.
-    #[arg(long, env = "RELAY_ID", global = true)]
+    #[arg(long, env = "RELAY_ID")]
     pub relay_id: Option<String>,
 
     /// Done rows and processed events are kept this long. Providers retry for
@@ -231,7 +247,7 @@ pub struct Settings {
     pub retention_days: u32,
 
     /// How often the worker prunes on its own (one replica at a time); 0 disables.
-    #[arg(long, env = "RELAY_PRUNE_INTERVAL_SECS", default_value_t = 600, global = true)]
+    #[arg(long, env = "RELAY_PRUNE_INTERVAL_SECS", default_value_t = 600)]
     pub relay_prune_interval_secs: u64,
 
     #[command(flatten)]
@@ -333,113 +349,4 @@ fn host_name() -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn settings_never_print_their_secrets() {
-        let (password, listen_password) = ("pa55w0rd-of-the-relay", "pa55w0rd-of-its-listener");
-        let url = format!("postgres://outbox_relay:{password}@pgbouncer:6432/payments");
-        let listen_url = format!("postgres://outbox_relay:{listen_password}@db:5432/payments");
-        let cli = Cli::try_parse_from([
-            "outbox-relay",
-            "--database-url",
-            &url,
-            "--database-pool-mode",
-            "transaction",
-            "--relay-listen-database-url",
-            &listen_url,
-            "--fulfilment-url",
-            "http://fulfilment/v1/",
-            "--fulfilment-authorization",
-            "Bearer t0ken-of-fulfilment",
-            "--email-url",
-            "http://ops:s3cret-in-the-url@email",
-        ])
-        .unwrap();
-        for shown in [
-            format!("{:?}", cli.settings),
-            format!("{:#?}", cli.settings),
-            format!("{cli:?}"),
-        ] {
-            assert!(!shown.contains(password), "the database password leaked: {shown}");
-            assert!(
-                !shown.contains(listen_password),
-                "the LISTEN password leaked: {shown}"
-            );
-            for credential in ["s3cret-in-the-url", "t0ken-of-fulfilment"] {
-                assert!(!shown.contains(credential), "{credential} leaked: {shown}");
-            }
-        }
-        let relay = cli.settings.relay().unwrap();
-        let shown = format!("{relay:?}");
-        for credential in [
-            "s3cret-in-the-url",
-            "t0ken-of-fulfilment",
-            "b3BzOnMzY3JldC1pbi10aGUtdXJs",
-        ] {
-            assert!(!shown.contains(credential), "{credential} leaked: {shown}");
-        }
-        // Sent verbatim; a URL's user and password become HTTP Basic and
-        // leave the URL.
-        assert_eq!(
-            relay.fulfilment.authorization.as_ref().unwrap().expose(),
-            "Bearer t0ken-of-fulfilment"
-        );
-        assert_eq!(relay.email.base_url.as_str(), "http://email/");
-        assert_eq!(
-            relay.email.authorization.as_ref().unwrap().expose(),
-            "Basic b3BzOnMzY3JldC1pbi10aGUtdXJs"
-        );
-        // Still usable by the code that needs them.
-        assert_eq!(
-            cli.settings.database().unwrap().describe(),
-            "pgbouncer:6432/payments"
-        );
-        let listen = cli.settings.listen_database().unwrap().unwrap();
-        assert_eq!(listen.describe(), "db:5432/payments");
-    }
-
-    #[test]
-    fn downstream_credentials_are_checked_without_being_shown() {
-        let relay = |url: &str, authorization: Option<&str>| {
-            let mut args = vec!["outbox-relay", "--fulfilment-url", url, "--email-url", "http://e"];
-            if let Some(a) = authorization {
-                args.extend(["--fulfilment-authorization", a]);
-            }
-            Cli::try_parse_from(args).unwrap().settings.relay()
-        };
-        // Percent-encoded userinfo is decoded, as reqwest does: `a b:p@ss`.
-        let ok = relay("https://a%20b:p%40ss@f.example:8443/api", None).unwrap();
-        assert_eq!(ok.fulfilment.base_url.as_str(), "https://f.example:8443/api");
-        assert_eq!(
-            ok.fulfilment.authorization.unwrap().expose(),
-            "Basic YSBiOnBAc3M="
-        );
-        assert!(
-            relay("http://f", None)
-                .unwrap()
-                .fulfilment
-                .authorization
-                .is_none()
-        );
-        for (url, authorization, names) in [
-            (
-                "http://ops:s3cret@f",
-                Some("Bearer s3cret-too"),
-                "FULFILMENT_AUTHORIZATION",
-            ),
-            (
-                "http://f",
-                Some("Bearer s3cret\nX-Injected: 1"),
-                "FULFILMENT_AUTHORIZATION",
-            ),
-            ("ftp://ops:s3cret@f", None, "FULFILMENT_URL"),
-            ("http://ops:s3cret@f?x=1", None, "FULFILMENT_URL"),
-        ] {
-            let error = relay(url, authorization).unwrap_err();
-            assert!(error.contains(names), "{error}");
-            assert!(!error.contains("s3cret"), "{error}");
-        }
-    }
-}
+mod tests;

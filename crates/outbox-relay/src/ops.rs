@@ -7,7 +7,7 @@
 use std::io::Write as _;
 use std::time::{Duration, Instant};
 
-use process::terminal::{printable, shown_trace, utc_millis};
+use process::terminal::{self, printable, shown_trace, utc_millis};
 
 use crate::storage;
 
@@ -49,7 +49,7 @@ pub async fn dead_list(
             printable(&r.idempotency_key),
             printable(&r.event_id),
             r.attempts,
-            human_age(r.age_seconds),
+            terminal::age(r.age_seconds),
             printable(r.last_error.as_deref().unwrap_or("-"))
         )?;
     }
@@ -212,7 +212,8 @@ struct Stats {
     pending: i64,
     due: i64,
     dead: i64,
-    oldest_pending_age_seconds: f64,
+    /// `null` with nothing pending: no row has an age.
+    oldest_pending_age_seconds: Option<f64>,
 }
 
 pub async fn stats(database: &db::Database, json: bool) -> anyhow::Result<()> {
@@ -224,7 +225,7 @@ pub async fn stats(database: &db::Database, json: bool) -> anyhow::Result<()> {
         pending: backlog.pending,
         due: backlog.due,
         dead: backlog.dead,
-        oldest_pending_age_seconds: backlog.oldest_pending_age_seconds,
+        oldest_pending_age_seconds: (backlog.pending > 0).then_some(backlog.oldest_pending_age_seconds),
     };
     let mut out = std::io::stdout().lock();
     if json {
@@ -245,11 +246,10 @@ pub async fn stats(database: &db::Database, json: bool) -> anyhow::Result<()> {
     writeln!(out)?;
     writeln!(out, "pending: {} (due now: {})", stats.pending, stats.due)?;
     writeln!(out, "dead: {}", stats.dead)?;
-    writeln!(
-        out,
-        "oldest pending: {}",
-        human_age(stats.oldest_pending_age_seconds)
-    )?;
+    let oldest = stats
+        .oldest_pending_age_seconds
+        .map_or_else(|| "-".to_owned(), terminal::age);
+    writeln!(out, "oldest pending: {oldest}")?;
     Ok(())
 }
 
@@ -337,16 +337,6 @@ fn prune_progress_line(p: &storage::PruneProgress, elapsed: Duration) -> String 
     )
 }
 
-fn human_age(seconds: f64) -> String {
-    let s = seconds.max(0.0) as u64;
-    match s {
-        0..=119 => format!("{s}s"),
-        120..=7199 => format!("{}m", s / 60),
-        7200..=172_799 => format!("{}h", s / 3600),
-        _ => format!("{}d", s / 86_400),
-    }
-}
-
 /// `audit`: what the database recorded over the window. The comparison with
 /// the effects a downstream counted is `simulator audit`'s: the relay reads
 /// nothing but its own tables.
@@ -371,7 +361,15 @@ fn write_audit(out: &mut impl std::io::Write, a: &storage::Audit) -> std::io::Re
             "-".into()
         }
     };
-    writeln!(out, "Audit of the last {}", human_age(a.since_seconds as f64))?;
+    let window = terminal::window(a.since_seconds);
+    if a.deliveries == 0 && a.commands.is_empty() {
+        writeln!(
+            out,
+            "Audit of the last {window}: no delivery received and no command enqueued"
+        )?;
+        return Ok(());
+    }
+    writeln!(out, "Audit of the last {window}")?;
     writeln!(out)?;
     writeln!(out, "  deliveries received     {:>10}", a.deliveries)?;
     writeln!(out, "  distinct event ids      {:>10}", a.distinct_events)?;
@@ -420,16 +418,4 @@ fn write_audit(out: &mut impl std::io::Write, a: &storage::Audit) -> std::io::Re
         a.double_enqueued
     )?;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn ages() {
-        assert_eq!(super::human_age(5.2), "5s");
-        assert_eq!(super::human_age(600.0), "10m");
-        assert_eq!(super::human_age(3.0 * 3600.0), "3h");
-        assert_eq!(super::human_age(3.0 * 86_400.0), "3d");
-        assert_eq!(super::human_age(-1.0), "0s");
-    }
 }

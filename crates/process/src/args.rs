@@ -5,8 +5,10 @@
 //! - [`AdminArgs`], `ADMIN_LISTEN_ADDR`;
 //! - [`LogArgs`], `LOG_FORMAT`.
 //!
-//! Every argument is `global`, so it may follow a subcommand too
-//! (`webhook-ingest migrate --database-url ...`).
+//! The database and log arguments are `global`: every command takes them,
+//! and they may follow a subcommand (`webhook-ingest migrate --database-url
+//! ...`). The admin listener, like every other setting of a service alone,
+//! is not: a subcommand's `--help` shows its own flags and these few.
 //!
 //! `DATABASE_POOL_SIZE` is not here on purpose: its default and bounds are
 //! each service's decision (the ingest sizes for the database's cores, the
@@ -56,15 +58,20 @@ impl DatabaseArgs {
     }
 }
 
-/// The admin listener: see [`crate::admin`].
+/// The ingest's admin port by default ([`AdminArgs`]).
+pub const INGEST_ADMIN_PORT: u16 = 9090;
+/// The relay's: another, so that both run side by side on one machine.
+pub const RELAY_ADMIN_PORT: u16 = 9091;
+
+/// The admin listener, on port `PORT` of every interface by default: see
+/// [`crate::admin`].
 #[derive(Debug, Clone, clap::Args)]
-pub struct AdminArgs {
+pub struct AdminArgs<const PORT: u16> {
     /// /healthz, /readyz and /metrics.
     #[arg(
         long,
         env = "ADMIN_LISTEN_ADDR",
-        default_value = "0.0.0.0:9090",
-        global = true
+        default_value_t = SocketAddr::from(([0, 0, 0, 0], PORT))
     )]
     pub admin_listen_addr: SocketAddr,
 }
@@ -80,16 +87,21 @@ pub struct LogArgs {
 /// retention, and far from where seconds overflow (u64, Postgres intervals).
 pub const MAX_DURATION_SECS: u64 = 36_500 * 86_400;
 
-/// `90s`, `30m`, `6h`, `7d` (a bare number is seconds), at most
+/// `90s`, `30m`, `6h`, `7d` (a unit always), at most
 /// [`MAX_DURATION_SECS`].
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
+    let expected = || format!("`{text}`: expected a number and a unit (s, m, h, d), such as 90s or 6h");
+    // A bare number is refused rather than read as seconds: `--since 5`
+    // meant five of something, and a guess of the unit is a wrong window.
+    if text == "0" {
+        return Ok(Duration::ZERO); // zero of any unit
+    }
     let (number, unit) = text
         .find(|c: char| !c.is_ascii_digit())
-        .map_or((text, "s"), |i| text.split_at(i));
-    let n: u64 = number
-        .parse()
-        .map_err(|_| format!("`{text}`: expected a number and a unit (s, m, h, d)"))?;
+        .map(|i| text.split_at(i))
+        .ok_or_else(expected)?;
+    let n: u64 = number.parse().map_err(|_| expected())?;
     let per_unit: u64 = match unit {
         "s" => 1,
         "m" => 60,
@@ -119,7 +131,7 @@ mod tests {
         #[command(flatten)]
         database: DatabaseArgs,
         #[command(flatten)]
-        admin: AdminArgs,
+        admin: AdminArgs<RELAY_ADMIN_PORT>,
         #[command(flatten)]
         log: LogArgs,
     }
@@ -131,7 +143,7 @@ mod tests {
         assert!(!format!("{demo:?}").contains("hunter2"), "{demo:?}");
         let database = demo.database.parse_url().unwrap();
         assert_eq!(database.describe(), "db.internal:5432/payments");
-        assert_eq!(demo.admin.admin_listen_addr.port(), 9090);
+        assert_eq!(demo.admin.admin_listen_addr.port(), 9091);
         assert_eq!(demo.log.log_format, LogFormat::Json);
 
         // Built by hand: the tests' own DATABASE_URL would fill a parsed one.
@@ -155,7 +167,11 @@ mod tests {
         assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
         assert_eq!(parse_duration("30m"), Ok(Duration::from_secs(1800)));
         assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(7 * 86_400)));
-        assert_eq!(parse_duration("45"), Ok(Duration::from_secs(45)));
+        assert_eq!(
+            parse_duration("45"),
+            Err("`45`: expected a number and a unit (s, m, h, d), such as 90s or 6h".to_owned())
+        );
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
         assert!(parse_duration("3w").is_err());
         assert!(parse_duration("soon").is_err());
     }

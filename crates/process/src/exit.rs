@@ -12,13 +12,17 @@ pub const FAILURE: u8 = 1;
 /// The same code clap uses for a usage error.
 pub const CONFIGURATION: u8 = 2;
 
-/// `0` for `Ok`; for `Err`, `program: error: <cause chain>` on stderr and
-/// [`FAILURE`].
+/// `0` for `Ok`; for `Err`, `program: error: <cause chain>` on stderr, with
+/// what to do when a database error says ([`db::advice`]: run the migration,
+/// check a setting), and [`FAILURE`].
 pub fn from_result(program: &str, result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("{program}: error: {e:#}");
+            match db::advice(&e) {
+                Some(advice) => eprintln!("{program}: error: {e:#}; {advice}"),
+                None => eprintln!("{program}: error: {e:#}"),
+            }
             ExitCode::from(FAILURE)
         }
     }

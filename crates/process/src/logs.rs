@@ -233,7 +233,11 @@ pub fn init(format: LogFormat) {
     let result = match format {
         LogFormat::Json => registry.with(JsonLines).try_init(),
         LogFormat::Pretty => registry
-            .with(tracing_subscriber::fmt::layer().with_target(false))
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_target(false)
+                    .with_ansi(colour(&std::io::stdout())),
+            )
             .try_init(),
     };
     if result.is_err() {
@@ -241,28 +245,12 @@ pub fn init(format: LogFormat) {
     }
 }
 
-/// An error and its causes, on one line (`a: b: c`): what a log line says
-/// of an error, so that "db error" comes with what the server said.
-pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
+/// Colours in the pretty format only when `stream` is a terminal, and never
+/// with `NO_COLOR` set (no-color.org): a piped or captured log stays plain
+/// text.
+pub fn colour(stream: &impl std::io::IsTerminal) -> bool {
+    stream.is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_error_chain_names_every_cause() {
-        let cause = std::io::Error::other("the database system is starting up");
-        let error = anyhow::Error::new(cause).context("db error");
-        let error: &(dyn std::error::Error + 'static) = error.as_ref();
-        assert_eq!(error_chain(error), "db error: the database system is starting up");
-    }
-}
+/// An error and its causes, on one line: [`db::error_chain`].
+pub use db::error_chain;

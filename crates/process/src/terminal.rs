@@ -1,7 +1,8 @@
 //! Text from the database (event ids and types, `last_error`, kinds, keys)
 //! on its way to an operator's terminal: whoever could write it (a webhook's
 //! sender, a downstream's error body) must not be able to clear the screen,
-//! move the cursor, rewrite earlier lines or reorder what is shown.
+//! move the cursor, rewrite earlier lines or reorder what is shown. And the
+//! ages and windows the operator's tables print.
 
 use std::borrow::Cow;
 
@@ -23,6 +24,27 @@ pub fn printable(s: &str) -> Cow<'_, str> {
         }
     }
     Cow::Owned(out)
+}
+
+/// A window as it was given: `1h`, not `60m`; `90m`, not `1h`.
+pub fn window(seconds: u64) -> String {
+    match seconds {
+        s if s > 0 && s % 86_400 == 0 => format!("{}d", s / 86_400),
+        s if s > 0 && s % 3600 == 0 => format!("{}h", s / 3600),
+        s if s > 0 && s % 60 == 0 => format!("{}m", s / 60),
+        s => format!("{s}s"),
+    }
+}
+
+/// An age, rounded down to a unit that reads at a glance.
+pub fn age(seconds: f64) -> String {
+    let s = seconds.max(0.0) as u64;
+    match s {
+        0..=119 => format!("{s}s"),
+        120..=7199 => format!("{}m", s / 60),
+        7200..=172_799 => format!("{}h", s / 3600),
+        _ => format!("{}d", s / 86_400),
+    }
 }
 
 fn needs_escape(c: char) -> bool {
@@ -56,7 +78,24 @@ pub fn shown_trace(traceparent: Option<&str>) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::printable;
+    use super::{age, printable, window};
+
+    #[test]
+    fn ages() {
+        assert_eq!(age(5.2), "5s");
+        assert_eq!(age(600.0), "10m");
+        assert_eq!(age(3.0 * 3600.0), "3h");
+        assert_eq!(age(3.0 * 86_400.0), "3d");
+        assert_eq!(age(-1.0), "0s");
+    }
+
+    #[test]
+    fn windows_read_as_given() {
+        assert_eq!(window(3600), "1h");
+        assert_eq!(window(5400), "90m");
+        assert_eq!(window(86_400), "1d");
+        assert_eq!(window(45), "45s");
+    }
 
     #[test]
     fn plain_text_is_unchanged() {

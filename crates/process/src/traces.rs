@@ -134,6 +134,7 @@ pub fn init(service: &'static str, format: LogFormat) -> Result<Telemetry, Strin
             .with(
                 tracing_subscriber::fmt::layer()
                     .with_target(false)
+                    .with_ansi(logs::colour(&std::io::stdout()))
                     .with_filter(logs::env_filter()),
             )
             .try_init(),

@@ -64,9 +64,16 @@ pub enum SecretError {
     Empty,
     #[error("secret #{0} is empty")]
     EmptyEntry(usize),
-    #[error("secret #{0} is not valid base64 after its `whsec_` prefix (standard scheme)")]
+    #[error(
+        "secret #{0} does not start with `whsec_`: under the standard scheme a secret is `whsec_` and base64, \
+         as the provider shows it (WEBHOOK_SIGNATURE_SCHEME=stripe uses a secret as it is)"
+    )]
+    NoPrefix(usize),
+    #[error("secret #{0} is not valid base64 after its `whsec_` prefix")]
     NotBase64(usize),
-    #[error("secret #{position} is shorter than {min} bytes (after base64 decoding for the standard scheme)")]
+    #[error("secret #{position} decodes to fewer than {min} bytes (the base64 after `whsec_`)")]
+    KeyTooShort { position: usize, min: usize },
+    #[error("secret #{position} is shorter than {min} bytes (the stripe scheme uses it as it is)")]
     TooShort { position: usize, min: usize },
 }
 
@@ -116,7 +123,9 @@ impl Secret {
         }
         let key = match scheme {
             Scheme::Standard => {
-                let encoded = text.strip_prefix("whsec_").unwrap_or(text);
+                let encoded = text
+                    .strip_prefix("whsec_")
+                    .ok_or(SecretError::NoPrefix(position))?;
                 B64.decode(encoded)
                     .map_err(|_| SecretError::NotBase64(position))?
             }
@@ -126,7 +135,10 @@ impl Secret {
             return Err(SecretError::EmptyEntry(position));
         }
         if key.len() < min {
-            return Err(SecretError::TooShort { position, min });
+            return Err(match scheme {
+                Scheme::Standard => SecretError::KeyTooShort { position, min },
+                Scheme::Stripe => SecretError::TooShort { position, min },
+            });
         }
         Ok(Self::from_key(&key))
     }

@@ -197,6 +197,29 @@ fn secrets_are_validated_and_never_shown() {
         Verifier::new(Scheme::Standard, &format!("{STD_SECRET},,"), 300).unwrap_err(),
         SecretError::EmptyEntry(2)
     );
+    // Base64 that decodes, but no prefix: refused, not decoded into a key
+    // that then fails every signature.
+    assert_eq!(
+        Verifier::new(Scheme::Standard, "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSwabcd", 300).unwrap_err(),
+        SecretError::NoPrefix(1)
+    );
+    assert_eq!(
+        Verifier::new(Scheme::Standard, "short", 300)
+            .unwrap_err()
+            .to_string(),
+        "secret #1 does not start with `whsec_`: under the standard scheme a secret is `whsec_` and base64, \
+         as the provider shows it (WEBHOOK_SIGNATURE_SCHEME=stripe uses a secret as it is)"
+    );
+    assert_eq!(
+        Verifier::with_min_key_bytes(Scheme::Standard, "whsec_QUJD", 300, 16).unwrap_err(),
+        SecretError::KeyTooShort { position: 1, min: 16 }
+    );
+    assert_eq!(
+        Verifier::with_min_key_bytes(Scheme::Stripe, "short", 300, 16)
+            .unwrap_err()
+            .to_string(),
+        "secret #1 is shorter than 16 bytes (the stripe scheme uses it as it is)"
+    );
     assert!(Verifier::new(Scheme::Stripe, "anything goes", 300).is_ok());
     let v = Verifier::new(Scheme::Standard, STD_SECRET, 300).unwrap();
     let shown = format!("{v:?}");

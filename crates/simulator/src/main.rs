@@ -266,6 +266,9 @@ fn init_logs(format: LogFormat) {
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Json => builder.json().try_init(),
-        LogFormat::Pretty => builder.with_target(false).try_init(),
+        LogFormat::Pretty => builder
+            .with_target(false)
+            .with_ansi(process::logs::colour(&std::io::stderr()))
+            .try_init(),
     };
 }

@@ -31,9 +31,22 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve webhooks (the default).
+    ///
+    /// Its settings are the top-level flags and variables (`webhook-ingest
+    /// --help`): flags go before `serve`.
+    #[command(
+        after_help = "Examples:\n  WEBHOOK_SECRETS=whsec_... DATABASE_URL=postgres://... webhook-ingest\n  webhook-ingest --ingest-listen-addr 127.0.0.1:8080 serve"
+    )]
     Serve,
     /// Apply the embedded migrations and exit; safe to run concurrently and repeatedly.
-    Migrate,
+    #[command(
+        after_help = "Examples:\n  DATABASE_URL=postgres://owner@db/payments webhook-ingest migrate\n  webhook-ingest migrate --json"
+    )]
+    Migrate {
+        /// One JSON object on stdout: the versions applied and the schema's version.
+        #[arg(long)]
+        json: bool,
+    },
     /// Recorded events, for operators.
     Events {
         #[command(subcommand)]
@@ -44,11 +57,14 @@ pub enum Command {
 #[derive(Debug, Subcommand)]
 pub enum EventsCommand {
     /// List recorded events, newest first.
+    #[command(
+        after_help = "Examples:\n  webhook-ingest events list --status unmatched --since 24h\n  webhook-ingest events list --id 'evt_2026_*' --limit 20 --json"
+    )]
     List {
         /// Only events with this status (processed, refunded, ignored,
-        /// unmatched, already_paid, order_refunded, discarded).
-        #[arg(long)]
-        status: Option<String>,
+        /// unmatched, already_paid, order_refunded, discarded; any case).
+        #[arg(long, value_parser = parse_status)]
+        status: Option<domain::EventOutcome>,
         /// Only this event id; with a trailing `*`, the ids that start with
         /// what precedes it (evt_2026_*).
         #[arg(long)]
@@ -64,12 +80,16 @@ pub enum EventsCommand {
         #[arg(long)]
         json: bool,
         /// At most this many events.
-        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i64).range(1..=100_000))]
+        #[arg(long, default_value_t = 100, allow_negative_numbers = true,
+              value_parser = clap::value_parser!(i64).range(1..=100_000))]
         limit: i64,
     },
     /// One event's whole story: its deliveries, stored answer, status and
     /// trace, and its order's commands with their state, attempts and last
     /// error.
+    #[command(
+        after_help = "Examples:\n  webhook-ingest events show evt_1K9x\n  webhook-ingest events show evt_1K9x --json"
+    )]
     Show {
         /// The event id, as the provider sent it.
         id: String,
@@ -80,6 +100,7 @@ pub enum EventsCommand {
     /// Apply an event recorded `unmatched` to its order, now that an order
     /// has its payment id: at most once, however many replays and
     /// deliveries race it.
+    #[command(after_help = "Examples:\n  webhook-ingest events replay evt_1K9x")]
     Replay {
         /// The event id, as the provider sent it.
         id: String,
@@ -90,6 +111,9 @@ pub enum EventsCommand {
     /// Discard an event recorded `unmatched` that will never match, with a
     /// reason: it is no longer applied by itself or alerted on, and its row
     /// stays, with the reason, as the audit of the decision.
+    #[command(
+        after_help = "Examples:\n  webhook-ingest events discard evt_1K9x --reason 'a test payment: no order will come'"
+    )]
     Discard {
         /// The event id, as the provider sent it.
         id: String,
@@ -100,6 +124,14 @@ pub enum EventsCommand {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// An event status as typed: `unmatched`, `Unmatched`.
+fn parse_status(text: &str) -> Result<domain::EventOutcome, String> {
+    domain::EventOutcome::parse(&text.to_ascii_lowercase()).ok_or_else(|| {
+        let known: Vec<_> = domain::EventOutcome::ALL.iter().map(|o| o.as_str()).collect();
+        format!("unknown status `{text}` ({})", known.join(", "))
+    })
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -127,44 +159,41 @@ pub struct Settings {
     /// Connections in the pool. Size it for the database's cores, not for
     /// the number of clients: beyond ~16 a 2-core server gets slower.
     #[arg(long, env = "DATABASE_POOL_SIZE", default_value_t = 16,
-          value_parser = clap::value_parser!(u32).range(1..=1000), global = true)]
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub database_pool_size: u32,
 
     /// Webhook traffic only.
-    #[arg(
-        long,
-        env = "INGEST_LISTEN_ADDR",
-        default_value = "0.0.0.0:8080",
-        global = true
-    )]
+    #[arg(long, env = "INGEST_LISTEN_ADDR", default_value = "0.0.0.0:8080")]
     pub ingest_listen_addr: SocketAddr,
 
     #[command(flatten)]
-    pub admin: AdminArgs,
+    pub admin: AdminArgs<{ process::args::INGEST_ADMIN_PORT }>,
 
     #[arg(
         long,
         env = "WEBHOOK_SIGNATURE_SCHEME",
         value_enum,
-        default_value = "standard",
-        global = true
+        default_value = "standard"
     )]
     pub webhook_signature_scheme: SchemeArg,
 
-    /// Comma-separated; several may be active at once during a rotation.
-    #[arg(long, env = "WEBHOOK_SECRETS", hide_env_values = true, global = true)]
+    /// The signing secrets, comma-separated; several may be active at once
+    /// during a rotation. Standard scheme: each `whsec_` and base64, as the
+    /// provider shows it, decoding to at least 16 bytes. Stripe scheme: each
+    /// used as it is, at least 16 bytes.
+    #[arg(long, env = "WEBHOOK_SECRETS", hide_env_values = true)]
     pub webhook_secrets: Option<Secret<String>>,
 
     /// How far a signature's timestamp may be from now, in either direction.
     #[arg(long, env = "WEBHOOK_TOLERANCE_SECS", default_value_t = signature::DEFAULT_TOLERANCE_SECS,
-          value_parser = clap::value_parser!(u64).range(1..=86_400), global = true)]
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub webhook_tolerance_secs: u64,
 
     /// The whole handler, body read and database included. Well under any
     /// provider's timeout (commonly 10 to 30 s): a slow dependency yields a
     /// clean 503 the provider retries, never a 200 after it gave up.
     #[arg(long, env = "INGEST_DEADLINE_MS", default_value_t = 5000,
-          value_parser = clap::value_parser!(u64).range(10..=120_000), global = true)]
+          value_parser = clap::value_parser!(u64).range(10..=120_000))]
     pub ingest_deadline_ms: u64,
 
     /// Requests handled at once; beyond it, a request is answered 503 with
@@ -173,7 +202,7 @@ pub struct Settings {
     /// provider retries later, instead of every request waiting out its
     /// deadline.
     #[arg(long, env = "INGEST_MAX_IN_FLIGHT", default_value_t = 256,
-          value_parser = clap::value_parser!(u32).range(1..=100_000), global = true)]
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub ingest_max_in_flight: u32,
 
     /// How long after its first delivery an `unmatched` event is applied by
@@ -183,7 +212,7 @@ pub struct Settings {
     /// for an operator (`events replay` or `events discard`); retention never
     /// deletes it.
     #[arg(long, env = "UNMATCHED_HORIZON_HOURS", default_value_t = 72,
-          value_parser = clap::value_parser!(u64).range(1..=8_760), global = true)]
+          value_parser = clap::value_parser!(u64).range(1..=8_760))]
     pub unmatched_horizon_hours: u64,
 
     #[command(flatten)]

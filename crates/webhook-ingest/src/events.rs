@@ -19,7 +19,7 @@ use crate::storage::{self, CommandRow, EventDetail, EventFilter, EventRow};
 /// What `events list` was asked for, as typed.
 #[derive(Debug, Clone, Default)]
 pub struct Listing {
-    pub status: Option<String>,
+    pub status: Option<EventOutcome>,
     /// An id, or a prefix followed by `*`.
     pub id: Option<String>,
     pub since: Option<Duration>,
@@ -29,15 +29,7 @@ pub struct Listing {
 
 impl Listing {
     fn filter(self) -> anyhow::Result<EventFilter> {
-        let status = self
-            .status
-            .map(|s| {
-                EventOutcome::parse(&s).ok_or_else(|| {
-                    let known: Vec<_> = EventOutcome::ALL.iter().map(|o| o.as_str()).collect();
-                    anyhow::anyhow!("unknown status `{s}` ({})", known.join(", "))
-                })
-            })
-            .transpose()?;
+        let status = self.status;
         let (id, id_prefix) = match self.id {
             Some(id) => match id.strip_suffix('*') {
                 Some(prefix) => (None, Some(prefix.to_owned())),

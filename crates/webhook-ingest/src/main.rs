@@ -37,7 +37,7 @@ fn main() -> ExitCode {
                 serve(settings, database, verifier),
             )
         }
-        Command::Migrate => process::run_command(PROGRAM, migrate(database)),
+        Command::Migrate { json } => process::run_command(PROGRAM, migrate(database, json)),
         Command::Events {
             command:
                 EventsCommand::List {
@@ -93,11 +93,18 @@ async fn serve(
     app.run_until_stopped(process::shutdown::on_signal()).await
 }
 
-/// Applies the embedded migrations; says on stderr what it did.
-async fn migrate(database: db::Database) -> anyhow::Result<()> {
+/// Applies the embedded migrations; says on stderr what it did, or with
+/// `--json` on stdout.
+async fn migrate(database: db::Database, json: bool) -> anyhow::Result<()> {
     let mut client = database.connect("webhook-ingest-migrate").await?;
     let applied = db::migrate(&mut client).await?;
-    if applied.is_empty() {
+    if json {
+        let version = db::migrate::expected_version();
+        println!(
+            "{}",
+            serde_json::json!({ "applied": applied, "version": version })
+        );
+    } else if applied.is_empty() {
         eprintln!(
             "{PROGRAM}: schema already current (version {})",
             db::migrate::expected_version()

@@ -46,6 +46,26 @@ async fn stats_count_by_status_and_kind() {
     assert!(ok && table.contains("oldest pending: 9"), "{table}");
 }
 
+/// With nothing recorded, the commands say so: no age of a row that does not
+/// exist, no bare table, and the window as it was given.
+#[tokio::test]
+async fn empty_states_read_as_empty() {
+    let env = env().await;
+    let (ok, out, err) = relay_cli(&env.relay_url, &["stats", "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["pending"], 0);
+    assert!(v["oldest_pending_age_seconds"].is_null(), "{out}");
+    let (ok, table, _) = relay_cli(&env.relay_url, &["stats"]);
+    assert!(ok && table.contains("oldest pending: -\n"), "{table}");
+    let (ok, audit, _) = relay_cli(&env.relay_url, &["audit", "--since", "1h"]);
+    assert!(ok, "{audit}");
+    assert_eq!(
+        audit,
+        "Audit of the last 1h: no delivery received and no command enqueued\n"
+    );
+}
+
 #[tokio::test]
 async fn requeue_all_and_unknown_ids() {
     let env = env().await;
@@ -477,5 +497,26 @@ async fn the_prune_compresses_its_wal_when_its_role_may_and_says_which_it_did() 
     assert!(
         out.contains("full-page images compressed with lz4") || out.contains("compressed with pglz"),
         "{out}"
+    );
+}
+
+/// `dead requeue` without a row names both ways to name rows, as a usage
+/// error with the `--help` to read.
+#[test]
+fn requeue_without_a_row_names_id_and_all() {
+    let out = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        .args(["dead", "requeue"])
+        .env_clear()
+        .env("DATABASE_URL", "postgres://nobody@127.0.0.1:1/none")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("<ID|--all>"), "{stderr}");
+    assert!(
+        stderr
+            .trim_end()
+            .ends_with("(try `outbox-relay dead requeue --help`)"),
+        "{stderr}"
     );
 }

@@ -183,3 +183,47 @@ fn short_signing_keys_are_refused() {
         }
     }
 }
+
+/// A wrong command line is a usage error (exit 2) that says which `--help`
+/// to read; a status is taken in any case; a window needs its unit; a
+/// negative limit is a value out of range, not an unknown argument.
+#[test]
+fn command_line_errors_are_usage_errors_with_their_help() {
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["events", "list", "--status", "bogus"],
+            "unknown status `bogus` (processed,",
+        ),
+        (
+            &["events", "list", "--since", "5"],
+            "`5`: expected a number and a unit",
+        ),
+        (&["events", "list", "--limit", "-1"], "-1 is not in 1..=100000"),
+        (&["events", "show"], "<ID>"),
+    ];
+    for (args, says) in cases {
+        let (code, stderr) = run(&[DB], args);
+        assert_eq!(code, 2, "{args:?}: {stderr}");
+        assert!(
+            stderr.starts_with("webhook-ingest: usage error: "),
+            "{args:?}: {stderr}"
+        );
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+        let command = args[..2].join(" ");
+        assert!(
+            stderr
+                .trim_end()
+                .ends_with(&format!("(try `webhook-ingest {command} --help`)")),
+            "{args:?}: {stderr}"
+        );
+    }
+    // Accepted: the run gets as far as the database, which is not there (exit 1).
+    for args in [
+        &["events", "list", "--status", "Processed"][..],
+        &["migrate", "--json"],
+    ] {
+        let (code, stderr) = run(&[DB], args);
+        assert_eq!(code, 1, "{args:?}: {stderr}");
+        assert!(stderr.contains("check the host, the port"), "{args:?}: {stderr}");
+    }
+}
