@@ -256,6 +256,9 @@ fn a_subcommands_help_shows_its_own_flags_and_examples() {
             );
         }
     }
+    // Each binary's default command answers to the other's name too.
+    assert!(help("webhook-ingest", &["run"]).starts_with("Serve webhooks"));
+    assert!(help("outbox-relay", &["serve"]).starts_with("Run the worker"));
     // The top-level help still lists every setting.
     assert!(help("outbox-relay", &[]).contains("--relay-batch-size"));
     assert!(help("webhook-ingest", &[]).contains("--webhook-secrets"));

@@ -18,6 +18,7 @@ mod per_order;
 mod pooler;
 mod progress;
 mod prometheus;
+mod readme;
 mod roles;
 mod run_demo;
 mod search_path;

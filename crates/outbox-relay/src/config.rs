@@ -28,10 +28,12 @@ pub enum Command {
     /// Run the worker (the default).
     ///
     /// Its settings are the top-level flags and variables (`outbox-relay
-    /// --help`): flags go before `run`.
+    /// --help`): flags go before `run`. `serve` is the same command, as it
+    /// is the ingest's.
     #[command(
         after_help = "Examples:\n  DATABASE_URL=postgres://... FULFILMENT_URL=http://... EMAIL_URL=http://... outbox-relay\n  outbox-relay --relay-batch-size 100 run"
     )]
+    #[command(alias = "serve")]
     Run,
     /// Dead rows: list or show them, put them back to pending, or discard them.
     Dead {

@@ -33,10 +33,12 @@ pub enum Command {
     /// Serve webhooks (the default).
     ///
     /// Its settings are the top-level flags and variables (`webhook-ingest
-    /// --help`): flags go before `serve`.
+    /// --help`): flags go before `serve`. `run` is the same command, as it
+    /// is the relay's.
     #[command(
         after_help = "Examples:\n  WEBHOOK_SECRETS=whsec_... DATABASE_URL=postgres://... webhook-ingest\n  webhook-ingest --ingest-listen-addr 127.0.0.1:8080 serve"
     )]
+    #[command(alias = "run")]
     Serve,
     /// Apply the embedded migrations and exit; safe to run concurrently and repeatedly.
     #[command(
@@ -200,7 +202,8 @@ pub struct Settings {
     /// Retry-After at once instead of queueing for a database connection.
     /// Load shedding: under overload, memory and latency stay bounded and the
     /// provider retries later, instead of every request waiting out its
-    /// deadline.
+    /// deadline. Four times as many bodies are read at once, and twice that
+    /// many connections held; more wait in the listen backlog.
     #[arg(long, env = "INGEST_MAX_IN_FLIGHT", default_value_t = 256,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub ingest_max_in_flight: u32,
