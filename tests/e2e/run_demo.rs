@@ -1,6 +1,8 @@
-//! `make run` in a short mode: the incident replayed, then its audit checked.
+//! `make run` in a short mode: the incident replayed, then its audit checked;
+//! kept serving (`RUN_KEEP=1`), then stopped as a user stops it, with Ctrl-C.
 
-use std::process::Command;
+use std::io::{BufRead as _, BufReader, Read as _};
+use std::process::{Command, ExitStatus, Stdio};
 
 use testkit::TestDb;
 
@@ -9,28 +11,32 @@ async fn make_run_replays_the_incident_with_no_double_effect() {
     let db = TestDb::new().await;
     let dir = std::env::temp_dir().join(format!("run-demo-{}", testkit::free_port()));
     let bin_dir = testkit::bin::path("webhook-ingest").parent().unwrap().to_owned();
-    let out = Command::new(testkit::workspace_root().join("scripts/run.sh"))
-        .env("DATABASE_URL", &db.url)
+    let ingest = format!("127.0.0.1:{}", testkit::free_port());
+    let mut run = Command::new(testkit::workspace_root().join("scripts/run.sh"));
+    run.env("DATABASE_URL", &db.url)
         .env("BIN_DIR", &bin_dir)
         .env("RUN_DIR", &dir)
         .env("RUN_EVENTS", "300")
         .env("RUN_RATE", "100")
         .env("RUN_DEGRADED_SECS", "2")
         .env("RUN_STALL_SECS", "1")
-        .env(
-            "INGEST_LISTEN_ADDR",
-            format!("127.0.0.1:{}", testkit::free_port()),
-        )
+        .env("RUN_KEEP", "1")
+        .env("INGEST_LISTEN_ADDR", &ingest)
         .env("ADMIN_LISTEN_ADDR", format!("127.0.0.1:{}", testkit::free_port()))
         .env(
             "RELAY_ADMIN_LISTEN_ADDR",
             format!("127.0.0.1:{}", testkit::free_port()),
-        )
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "run.sh failed:\n{stdout}\n{stderr}");
+        );
+    let (status, stdout, stderr) = kept_then_interrupted(run);
+    // Ctrl-C ends a kept run with the audit's result (0 here), not 130, and
+    // stops everything it started.
+    assert!(status.success(), "run.sh failed:\n{stdout}\n{stderr}");
+    assert!(stderr.contains("export DATABASE_URL="), "{stderr}");
+    assert!(stderr.contains("stopping everything"), "{stderr}");
+    assert!(
+        std::net::TcpStream::connect(&ingest).is_err(),
+        "the ingest still listens on {ingest} after Ctrl-C"
+    );
     assert!(stdout.contains("RESULT: exactly once"), "{stdout}");
     assert!(stdout.contains("double effects                 0"), "{stdout}");
     // Plain words and plain text: no Python spelling, no terminal codes in
@@ -106,6 +112,34 @@ async fn make_run_replays_the_incident_with_no_double_effect() {
     );
     assert_eq!(shipments - shipped, under_way);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Runs `run` (RUN_KEEP=1) until it says it is still serving, then sends it
+/// SIGINT, as Ctrl-C does: its exit status, stdout and stderr.
+fn kept_then_interrupted(mut run: Command) -> (ExitStatus, String, String) {
+    let mut child = run.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let stdout = std::thread::spawn(move || {
+        let mut text = String::new();
+        out.read_to_string(&mut text).unwrap();
+        text
+    });
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut stderr = String::new();
+    while !stderr.contains("still serving") {
+        if err.read_line(&mut stderr).unwrap() == 0 {
+            break; // it ended without keeping the stack: the caller's asserts say why
+        }
+    }
+    // A child that has ended but is not yet waited for still takes a signal.
+    let interrupted = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(interrupted.success());
+    err.read_to_string(&mut stderr).unwrap();
+    let status = child.wait().unwrap();
+    (status, stdout.join().unwrap(), stderr)
 }
 
 fn cancelled(audit: &serde_json::Value, kind: &str) -> i64 {
