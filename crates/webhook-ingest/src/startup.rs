@@ -91,6 +91,7 @@ impl Application {
         let listener = TcpListener::bind(settings.ingest_listen_addr)
             .with_context(|| format!("binding INGEST_LISTEN_ADDR {}", settings.ingest_listen_addr))?;
         let port = listener.local_addr()?.port();
+        let (workers, connections) = connection_bound(settings.ingest_max_in_flight as usize);
         let server = HttpServer::new(move || {
             App::new()
                 .app_data(state.clone())
@@ -100,6 +101,8 @@ impl Application {
         .client_request_timeout(deadline.whole())
         .client_disconnect_timeout(Duration::from_secs(1))
         .keep_alive(Duration::from_secs(75))
+        .workers(workers)
+        .max_connections(connections)
         // In-flight requests get their deadline to finish after SIGTERM.
         .shutdown_timeout(deadline.whole().as_secs() + 1)
         .disable_signals()
@@ -162,6 +165,20 @@ impl Application {
         self.pool.close();
         served.context("serving webhooks")
     }
+}
+
+/// The HTTP workers (one per CPU the process may use, as the runtime's:
+/// `process::runtime::worker_threads`) and the connections
+/// each holds at most: together, twice the bodies read at once
+/// ([`http::READERS_PER_PERMIT`] per `INGEST_MAX_IN_FLIGHT` permit). A
+/// connection beyond that waits in the listen backlog, in the kernel, until
+/// one closes: an open-loop provider under overload opens one per delivery
+/// that finds none idle, and each held one costs the ingest its buffers
+/// (a peak RSS of 72 MiB at 7ca8731, 168 MiB at 2b23aee, unbounded).
+fn connection_bound(max_in_flight: usize) -> (usize, usize) {
+    let workers = process::runtime::worker_threads();
+    let total = max_in_flight * http::READERS_PER_PERMIT * 2;
+    (workers, total.div_ceil(workers).max(1))
 }
 
 /// `/readyz`: the database half ([`db::ready::check`]); the first time it

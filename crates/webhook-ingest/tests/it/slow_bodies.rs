@@ -96,3 +96,70 @@ async fn trickling_bodies_take_no_permit_from_real_webhooks() {
         "only the real webhooks were recorded"
     );
 }
+
+/// One unsigned request on `conn`, answered 401 and kept alive; the status
+/// line, or `None` when nothing came within `wait`.
+fn ask(conn: &mut TcpStream, wait: Duration) -> Option<String> {
+    conn.set_read_timeout(Some(wait)).unwrap();
+    conn.write_all(
+        b"POST /webhooks/payments HTTP/1.1\r\nHost: localhost\r\n\
+          Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}",
+    )
+    .unwrap();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+        match conn.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => answer.extend_from_slice(&buf[..n]),
+        }
+    }
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    text.lines().next().map(str::to_owned)
+}
+
+/// The connections the ingest holds are bounded (twice the bodies it reads
+/// at once, eight with one permit): one more waits in the listen backlog,
+/// unanswered, and is served as soon as one of the others closes. Without
+/// the bound, every connection a flooding provider opens is held, with its
+/// buffers.
+#[tokio::test]
+async fn connections_beyond_the_bound_wait_until_one_closes() {
+    let app = spawn_app_with(&["--ingest-max-in-flight", "1"]).await;
+    let port: u16 = app.url.rsplit(':').next().unwrap().parse().unwrap();
+    let workers = process::runtime::worker_threads();
+    let bound = workers * (8_usize).div_ceil(workers);
+    tokio::task::spawn_blocking(move || {
+        let mut held: Vec<TcpStream> = (0..bound)
+            .map(|_| {
+                let mut conn = TcpStream::connect(("127.0.0.1", port)).unwrap();
+                let status = ask(&mut conn, Duration::from_secs(10));
+                assert_eq!(status.as_deref(), Some("HTTP/1.1 401 Unauthorized"));
+                conn
+            })
+            .collect();
+        let mut extra = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        assert_eq!(
+            ask(&mut extra, Duration::from_secs(1)),
+            None,
+            "served beyond the bound"
+        );
+        drop(held.pop());
+        let mut answer = Vec::new();
+        let mut buf = [0u8; 1024];
+        extra.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        while !answer.windows(2).any(|w| w == b"\r\n") {
+            match extra.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => answer.extend_from_slice(&buf[..n]),
+            }
+        }
+        assert!(
+            answer.starts_with(b"HTTP/1.1 401"),
+            "not served once a connection closed: {:?}",
+            String::from_utf8_lossy(&answer)
+        );
+    })
+    .await
+    .unwrap();
+}
