@@ -226,6 +226,9 @@ PY
 if [ "$keep" = 1 ]; then
   first=$((events + 1)) last=$((events + 100))
   seed_orders "$first" "$last"
+  # Ctrl-C is how this run ends: stopped cleanly, the audit's result kept
+  # (set before the hints, which a user or a test may answer at once).
+  trap 'say "stopping everything"; cleanup; exit "$result"' INT TERM
   echo
   say "RUN_KEEP=1: still serving until Ctrl-C; orders pay_$first .. pay_$last are new and unpaid. Try:"
   cat >&2 <<HINTS
@@ -237,8 +240,6 @@ if [ "$keep" = 1 ]; then
   curl -s http://$ingest_admin/metrics     # the ingest's metrics (its /readyz beside)
   curl -s http://$relay_admin/metrics      # the relay's
 HINTS
-  # Ctrl-C is how this run ends: stopped cleanly, the audit's result kept.
-  trap 'say "stopping everything"; cleanup; exit "$result"' INT TERM
   while :; do sleep 3600 & pids+=($!); wait $!; done
 fi
 exit "$result"
