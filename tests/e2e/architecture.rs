@@ -38,13 +38,14 @@ fn rows() -> Vec<(String, String, String)> {
     rows
 }
 
-const PRODUCT: [&str; 6] = [
+const PRODUCT: [&str; 7] = [
     "crates/domain",
     "crates/signature",
     "crates/db",
     "crates/process",
     "crates/webhook-ingest",
     "crates/outbox-relay",
+    "crates/ops-console",
 ];
 
 #[test]

@@ -12,13 +12,14 @@ use std::path::{Path, PathBuf};
 
 /// The crates the product is built of (not the simulator, the test kit or
 /// these tests).
-const PRODUCT: [&str; 6] = [
+const PRODUCT: [&str; 7] = [
     "domain",
     "signature",
     "db",
     "process",
     "webhook-ingest",
     "outbox-relay",
+    "ops-console",
 ];
 
 /// The longest a product source file may be, its unit tests included.

@@ -6,6 +6,7 @@
 
 mod architecture;
 mod chaos;
+mod console;
 mod dev_cluster;
 mod failover;
 mod first_run;

@@ -39,6 +39,14 @@ fn statements() -> Vec<(&'static Sql, Option<Role>)> {
     );
     // The KEDA trigger's count of due rows runs as the monitor role too.
     all.push((&outbox_relay::storage::COUNT_DUE, Some(Role::Monitor)));
+    // The operator's console: its own statements, and the services' it runs.
+    all.extend(
+        ops_console::storage::STATEMENTS
+            .iter()
+            .chain(webhook_ingest::storage::CONSOLE_STATEMENTS)
+            .chain(outbox_relay::storage::CONSOLE_STATEMENTS)
+            .map(|s| (*s, Some(Role::Console))),
+    );
     all.extend(db::STATEMENTS.iter().map(|s| (*s, None)));
     all.extend(simulator::audit::STATEMENTS.iter().map(|s| (*s, None)));
     all

@@ -62,6 +62,8 @@ impl DatabaseArgs {
 pub const INGEST_ADMIN_PORT: u16 = 9090;
 /// The relay's: another, so that both run side by side on one machine.
 pub const RELAY_ADMIN_PORT: u16 = 9091;
+/// The operator's console's: a third, beside both.
+pub const CONSOLE_ADMIN_PORT: u16 = 9092;
 
 /// The admin listener, on port `PORT` of every interface by default: see
 /// [`crate::admin`].

@@ -20,6 +20,8 @@ pub enum Role {
     Relay,
     /// `outbox_monitor`: the KEDA trigger's count of due rows.
     Monitor,
+    /// `ops_console`: what the operator's console reads and its three actions.
+    Console,
 }
 
 /// The test users' password: the throwaway cluster, like any `DATABASE_URL`
@@ -28,7 +30,7 @@ pub enum Role {
 pub const ROLE_PASSWORD: &str = "webhook_test";
 
 impl Role {
-    pub const ALL: [Role; 3] = [Role::Ingest, Role::Relay, Role::Monitor];
+    pub const ALL: [Role; 4] = [Role::Ingest, Role::Relay, Role::Monitor, Role::Console];
 
     /// The NOLOGIN group the migration grants to.
     pub fn group(self) -> &'static str {
@@ -36,6 +38,7 @@ impl Role {
             Self::Ingest => "webhook_ingest",
             Self::Relay => "outbox_relay",
             Self::Monitor => "outbox_monitor",
+            Self::Console => "ops_console",
         }
     }
 
@@ -45,6 +48,7 @@ impl Role {
             Self::Ingest => "webhook_test_ingest",
             Self::Relay => "webhook_test_relay",
             Self::Monitor => "webhook_test_monitor",
+            Self::Console => "webhook_test_console",
         }
     }
 
@@ -68,6 +72,7 @@ impl Role {
                 ("default_transaction_read_only", "on"),
                 ("search_path", "pg_catalog"),
             ],
+            Self::Console => &[("statement_timeout", "10s"), ("search_path", "pg_catalog")],
         }
     }
 

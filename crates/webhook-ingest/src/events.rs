@@ -14,6 +14,7 @@ use process::terminal::{printable, shown_trace, utc_millis};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
+use crate::settle::{self, Discard, Replay};
 use crate::storage::{self, CommandRow, EventDetail, EventFilter, EventRow};
 
 /// What `events list` was asked for, as typed.
@@ -258,41 +259,36 @@ fn write_story(
 }
 
 /// `events replay <id>`: an event recorded `unmatched` applied to its order
-/// now that one has its payment id. Exit 0 when it was applied, or had been
-/// already (by an earlier or a racing replay: nothing changes twice); 1 when
-/// it cannot be (not recorded, never matchable, or still no order).
+/// now that one has its payment id ([`settle::replay`]). Exit 0 when it was
+/// applied, or had been already (by an earlier or a racing replay: nothing
+/// changes twice); 1 when it cannot be (not recorded, never matchable, or
+/// still no order).
 pub async fn replay(database: &db::Database, id: &str, json: bool) -> anyhow::Result<()> {
     let client = database.connect("webhook-ingest-cli").await?;
-    let Some(event) = storage::show_event(&client, id).await? else {
-        anyhow::bail!(
+    let outcome = settle::replay(&client, id).await?;
+    let mut out = std::io::stdout().lock();
+    match outcome {
+        Replay::NotRecorded => anyhow::bail!(
             "no event `{}` recorded (never delivered here, or removed by retention after RETENTION_DAYS)",
             printable(id)
-        );
-    };
-    let mut out = std::io::stdout().lock();
-    if event.status != EventOutcome::Unmatched {
-        return unchanged(&mut out, &event, json);
-    }
-    let Some(parsed) = storage::stored_event(&event.event_id, event.payload.as_deref()) else {
-        anyhow::bail!("`{}` has no stored event to replay", printable(id));
-    };
-    let Some(payment_id) = parsed.payment_id.clone() else {
-        anyhow::bail!(
+        ),
+        Replay::Unchanged(event) => unchanged(&mut out, &event, json),
+        Replay::NoStoredEvent => anyhow::bail!("`{}` has no stored event to replay", printable(id)),
+        Replay::NoPaymentId => anyhow::bail!(
             "`{}` has no data.payment_id: no order can ever match it",
             printable(id)
-        );
-    };
-    match storage::replay_event(&client, &parsed).await? {
-        Some(replayed) => {
-            if replayed.enqueued > 0 {
-                // The rows are committed; a lost NOTIFY costs a poll interval.
-                let _ = storage::wake_relays(&client).await;
-            }
+        ),
+        Replay::StillNoOrder { payment_id } => anyhow::bail!(
+            "no order has payment id `{}` yet: nothing changed; replay `{}` once the order exists",
+            printable(&payment_id),
+            printable(id)
+        ),
+        Replay::Replayed { event_id, replayed } => {
             if json {
                 serde_json::to_writer(
                     &mut out,
                     &serde_json::json!({
-                        "event_id": event.event_id,
+                        "event_id": event_id,
                         "replayed": true,
                         "status": replayed.status.as_str(),
                         "order_id": replayed.order_id,
@@ -305,7 +301,7 @@ pub async fn replay(database: &db::Database, id: &str, json: bool) -> anyhow::Re
                 writeln!(
                     out,
                     "replayed {}: {}, order {}, {} command(s) enqueued; later deliveries are answered {}",
-                    printable(&event.event_id),
+                    printable(&event_id),
                     replayed.status,
                     replayed.order_id,
                     replayed.enqueued,
@@ -313,18 +309,6 @@ pub async fn replay(database: &db::Database, id: &str, json: bool) -> anyhow::Re
                 )?;
             }
             Ok(())
-        }
-        None => {
-            // Nothing applied: replayed meanwhile, or still no order.
-            let now = storage::show_event(&client, id).await?;
-            match now {
-                Some(now) if now.status != EventOutcome::Unmatched => unchanged(&mut out, &now, json),
-                _ => anyhow::bail!(
-                    "no order has payment id `{}` yet: nothing changed; replay `{}` once the order exists",
-                    printable(&payment_id),
-                    printable(id)
-                ),
-            }
         }
     }
 }
@@ -360,47 +344,46 @@ fn unchanged(out: &mut impl std::io::Write, event: &EventDetail, json: bool) -> 
 
 /// `events discard <id> --reason <why>`: an event recorded `unmatched` that
 /// will never match is marked `discarded` with the reason, once
-/// (`discard_event.sql`). Exit 0 when it was discarded, or had been already;
+/// ([`settle::discard`]). Exit 0 when it was discarded, or had been already;
 /// 1 when it is not recorded, or was applied to an order (then nothing is
 /// discarded: the order's state is what it is).
 pub async fn discard(database: &db::Database, id: &str, reason: &str, json: bool) -> anyhow::Result<()> {
     let client = database.connect("webhook-ingest-cli").await?;
-    let discarded_at = storage::discard_event(&client, id, reason).await?;
-    let Some(event) = storage::show_event(&client, id).await? else {
-        anyhow::bail!(
+    let (event, now) = match settle::discard(&client, id, reason).await? {
+        Discard::NotRecorded => anyhow::bail!(
             "no event `{}` recorded (never delivered here, or removed by retention after RETENTION_DAYS)",
             printable(id)
-        );
-    };
-    if event.status != EventOutcome::Discarded {
-        anyhow::bail!(
+        ),
+        Discard::NotUnmatched(event) => anyhow::bail!(
             "not discarded: {} is {}{}; only an unmatched event is discarded",
             printable(&event.event_id),
             event.status,
             event
                 .order_id
                 .map_or_else(String::new, |o| format!(" (order {o})"))
-        );
-    }
+        ),
+        Discard::Discarded(event) => (event, true),
+        Discard::AlreadyDiscarded(event) => (event, false),
+    };
     let mut out = std::io::stdout().lock();
     if json {
         serde_json::to_writer(
             &mut out,
             &serde_json::json!({
                 "event_id": event.event_id,
-                "discarded": discarded_at.is_some(),
+                "discarded": now,
                 "status": event.status.as_str(),
                 "discarded_reason": event.discarded.as_ref().map(|(reason, _)| reason),
                 "discarded_at": event.discarded.as_ref().map(|(_, at)| rfc3339(*at)),
             }),
         )?;
         out.write_all(b"\n")?;
-    } else if let Some(at) = discarded_at {
+    } else if let Some((_, at)) = event.discarded.as_ref().filter(|_| now) {
         writeln!(
             out,
             "discarded {} at {}: it is kept, no longer applied by itself or alerted on",
             printable(&event.event_id),
-            utc_millis(at)
+            utc_millis(*at)
         )?;
     } else {
         writeln!(

@@ -15,6 +15,8 @@
 //! - [`reconcile`]: payments that arrived before their orders, applied by
 //!   themselves once the order exists.
 //! - [`events`]: `webhook-ingest events list|show|replay|discard`, for operators.
+//! - [`settle`]: replaying or discarding an `unmatched` event, for the CLI
+//!   and the operator's console: what happened, for each to say.
 #![forbid(unsafe_code)]
 
 pub mod config;
@@ -25,5 +27,6 @@ pub mod metrics;
 pub mod notifier;
 pub mod reconcile;
 pub mod record;
+pub mod settle;
 pub mod startup;
 pub mod storage;

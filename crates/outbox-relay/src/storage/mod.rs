@@ -86,6 +86,17 @@ pub const STATEMENTS: &[&Sql] = &[
     &audit::AUDIT_DOUBLED,
 ];
 
+/// The statements of [`STATEMENTS`] the operator's console runs too, as its
+/// own role (`ops_console`): the backlog, and the dead letters with their
+/// requeue and discard.
+pub const CONSOLE_STATEMENTS: &[&Sql] = &[
+    &backlog::BACKLOG,
+    &dead::DEAD_ROWS,
+    &dead::REQUEUE_DEAD,
+    &dead::OUTBOX_ROW,
+    &dead::DISCARD_DEAD,
+];
+
 #[cfg(test)]
 mod tests {
     use super::STATEMENTS;

@@ -68,6 +68,19 @@ pub const STATEMENTS: &[&Sql] = &[
     &unmatched::DISCARD_EVENT,
 ];
 
+/// The statements of [`STATEMENTS`] the operator's console runs too, as its
+/// own role (`ops_console`): an event's story, the unmatched backlog, replay
+/// and discard.
+pub const CONSOLE_STATEMENTS: &[&Sql] = &[
+    &WAKE_RELAYS,
+    &LIST_EVENTS,
+    &story::SHOW_EVENT,
+    &story::ORDER_COMMANDS,
+    &story::REPLAY_EVENT,
+    &unmatched::UNMATCHED_BACKLOG,
+    &unmatched::DISCARD_EVENT,
+];
+
 /// Opens every connection of `pool` with the ingest's statements prepared
 /// ([`db::Pool::open_all`]) and runs the batch statement once on each with
 /// no event in it (it writes nothing): each session has then read the
