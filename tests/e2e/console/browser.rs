@@ -12,6 +12,8 @@ use serde_json::json;
 pub struct Browser {
     pub client: Client,
     driver: Child,
+    /// axe-core's source, injected into a page to audit it.
+    axe: String,
 }
 
 impl Drop for Browser {
@@ -34,7 +36,12 @@ impl Browser {
         );
         let paths = String::from_utf8(out.stdout).unwrap();
         let mut paths = paths.lines();
-        let (driver_path, chromium) = (paths.next().unwrap(), paths.next().unwrap());
+        let (driver_path, chromium, axe) = (
+            paths.next().unwrap(),
+            paths.next().unwrap(),
+            paths.next().unwrap(),
+        );
+        let axe = std::fs::read_to_string(axe).unwrap();
         let port = testkit::free_port();
         let driver = Command::new(driver_path)
             .arg(format!("--port={port}"))
@@ -70,7 +77,7 @@ impl Browser {
                 Err(e) => panic!("no WebDriver session from chromedriver at {url}: {e}"),
             }
         };
-        Self { client, driver }
+        Self { client, driver, axe }
     }
 
     pub async fn goto(&self, url: &str) {
@@ -180,6 +187,30 @@ impl Browser {
             .execute(script, vec![])
             .await
             .unwrap_or_else(|e| panic!("{script}: {e}"))
+    }
+
+    /// What axe-core finds wrong with the page against WCAG 2.1 A and AA and
+    /// its best practices (labels, contrast, headings, landmarks, names...):
+    /// each violated rule, its help text and how many elements break it.
+    pub async fn accessibility_violations(&self) -> Vec<String> {
+        self.eval(&self.axe).await;
+        let found = self
+            .client
+            .execute_async(
+                "const done = arguments[arguments.length - 1];
+                 axe.run(document, {runOnly: {type: 'tag', values: ['wcag2a', 'wcag2aa', 'wcag21a', 'wcag21aa', 'best-practice']}})
+                    .then(r => done(r.violations.map(v => `${v.id}: ${v.help} (${v.nodes.length}: ${v.nodes.map(n => n.html).join(' | ').slice(0, 300)})`)))
+                    .catch(e => done([`axe failed: ${e}`]));",
+                vec![],
+            )
+            .await
+            .unwrap();
+        found
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_owned())
+            .collect()
     }
 
     /// A PNG of the window, written to `path`.

@@ -348,3 +348,50 @@ async fn every_documented_page_and_action_is_served() {
         );
     }
 }
+
+#[test]
+fn the_console_is_off_unless_configured_and_says_which_setting_is_missing() {
+    let run = |env: &[(&str, &str)]| {
+        let out = std::process::Command::new(testkit::bin::path("ops-console"))
+            .env_clear()
+            .env("DATABASE_URL", "postgres://console@127.0.0.1:1/db")
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        (out.status.code(), String::from_utf8(out.stderr).unwrap())
+    };
+    for (env, says) in [
+        (
+            &[][..],
+            "CONSOLE_LISTEN_ADDR is required: the console is off unless it names an address",
+        ),
+        (
+            &[("CONSOLE_LISTEN_ADDR", "127.0.0.1:0")][..],
+            "CONSOLE_TOKEN is required",
+        ),
+        (
+            &[
+                ("CONSOLE_LISTEN_ADDR", "127.0.0.1:0"),
+                ("CONSOLE_TOKEN", "tiny-tok"),
+            ][..],
+            "CONSOLE_TOKEN is too short",
+        ),
+        (
+            &[
+                ("CONSOLE_LISTEN_ADDR", "127.0.0.1:0"),
+                ("CONSOLE_TOKEN", TOKEN),
+                ("CONSOLE_ACTIONS", "yes"),
+            ][..],
+            "CONSOLE_ACTIONS",
+        ),
+    ] {
+        let (code, stderr) = run(env);
+        assert_eq!(code, Some(2), "{env:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+        assert!(stderr.contains(says), "{env:?}: {stderr}");
+        assert!(
+            !stderr.contains(TOKEN) && !stderr.contains("tiny-tok"),
+            "the token is never shown: {stderr}"
+        );
+    }
+}

@@ -111,18 +111,3 @@ pub async fn pay(stack: &Stack, event_id: &str, payment_id: &str) {
 pub async fn until(stack: &Stack, sql: &str, n: i64) {
     stack.wait_for(sql, n, Duration::from_secs(20)).await;
 }
-
-/// The basics of an accessible page, checked in the browser on what it
-/// rendered: a language, one `<h1>` and no heading level skipped, a label for
-/// every field, a name for every button and link, and text contrast of 4.5:1
-/// at least (WCAG 2 AA) between each text's colour and the background it
-/// sits on. Returns the problems found.
-pub async fn accessibility_problems(browser: &Browser) -> Vec<String> {
-    let found = browser.eval(include_str!("accessibility.js")).await;
-    found
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p.as_str().unwrap().to_owned())
-        .collect()
-}

@@ -1,11 +1,11 @@
 //! Reading: one event's story found by its id from the search box, by
-//! keyboard alone; the pages' accessibility basics; a payload carrying
+//! keyboard alone; each page audited by axe-core; a payload carrying
 //! markup shown as text.
 
 use fantoccini::key::Key;
 
 use super::browser::Browser;
-use super::{Console, accessibility_problems, pay, sign_in, until};
+use super::{Console, pay, sign_in, until};
 use crate::harness::{Stack, StackOptions};
 
 #[tokio::test]
@@ -83,7 +83,7 @@ async fn an_operator_finds_an_event_by_keyboard_and_reads_its_story_and_commands
         "/orders/7101",
     ] {
         browser.goto(&format!("{}{page}", console.url)).await;
-        let problems = accessibility_problems(&browser).await;
+        let problems = browser.accessibility_violations().await;
         assert!(problems.is_empty(), "{page}: {problems:#?}");
     }
 }
