@@ -60,7 +60,7 @@ failover: build
 deploy-check: build
 	scripts/deploy-check.sh
 
-## Both images (deploy/Dockerfile) with podman, from the host's release binaries.
+## The three images (deploy/Dockerfile: ingest, relay, console) with podman, from the host's release binaries.
 ## No registry and no crates.io inside the build: the binaries cargo built
 ## here and a local stand-in for the distroless base (scripts/images.sh);
 ## podman is installed the first time. IMAGES_PROFILE=debug: target/debug.

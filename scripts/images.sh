@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# `make images`: both images, built by podman from deploy/Dockerfile, from
-# the host's build:
+# `make images`: the images of the two services and of the operator's
+# console, built by podman from deploy/Dockerfile, from the host's build:
 #
 #   localhost/webhook-ingest:$IMAGES_TAG   localhost/outbox-relay:$IMAGES_TAG
+#   localhost/ops-console:$IMAGES_TAG
 #
 # Nothing is compiled inside the build and no registry is reached:
 # - the binaries are the ones cargo built on this machine (target/release, or
@@ -10,9 +11,9 @@
 #   `<binary>-prebuilt` targets in a build context of their own
 #   (target/images/context: the repository's .dockerignore keeps target/ out
 #   of the usual context). Those targets are the release targets
-#   (`webhook-ingest`, `outbox-relay`) with the binary copied from the
-#   context instead of compiled: the same runtime stage, user, ports and
-#   entrypoint;
+#   (`webhook-ingest`, `outbox-relay`, `ops-console`) with the binary copied
+#   from the context instead of compiled: the same runtime stage, user, ports
+#   and entrypoint;
 # - the runtime base, gcr.io/distroless/cc-debian12:nonroot for users, is a
 #   stand-in made here FROM scratch with what distroless cc carries and the
 #   binaries need: the shared libraries `ldd` lists (the host's own, so the
@@ -40,7 +41,7 @@ profile=${IMAGES_PROFILE:-release}
 tag=${IMAGES_TAG:-dev}
 case $profile in release | debug) ;; *) say "IMAGES_PROFILE must be release or debug (is '$profile')"; exit 2 ;; esac
 bindir=target/$profile
-binaries=(webhook-ingest outbox-relay)
+binaries=(webhook-ingest outbox-relay ops-console)
 for b in "${binaries[@]}"; do
   [[ -x $bindir/$b ]] || { say "$bindir/$b is missing: run 'make ${profile/debug/build}' first"; exit 2; }
 done
@@ -64,7 +65,7 @@ rm -rf "$base"
 mkdir -p "$base/rootfs/etc/ssl/certs" "$base/rootfs/tmp" "$base/home/nonroot"
 chmod 1777 "$base/rootfs/tmp"
 chmod 0700 "$base/home/nonroot"
-# Every library either binary loads, at the path the loader finds it, and the
+# Every library any binary loads, at the path the loader finds it, and the
 # loader itself (linux-vdso is the kernel's).
 libs=$(for b in "${binaries[@]}"; do ldd "$bindir/$b"; done \
   | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }' | sort -u)

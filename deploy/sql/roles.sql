@@ -8,6 +8,9 @@
 --     -v relay_password="$RELAY_PASSWORD" -v monitor_password="$MONITOR_PASSWORD" \
 --     -f deploy/sql/roles.sql                    # optional: -v dbname=webhooks
 --
+-- and with the operator's console (opt-in, deploy/README.md), also
+-- -v console_password="$CONSOLE_PASSWORD" for its login.
+--
 -- Running it again is safe: what exists is left as it is (passwords
 -- included: change them with ALTER ROLE), the role settings are set again.
 --
@@ -20,9 +23,15 @@
 --   relay_app       DATABASE_URL (and RELAY_LISTEN_DATABASE_URL) of
 --                   outbox-relay and its operator commands; member of outbox_relay.
 --   keda_app        the KEDA trigger's connection; member of outbox_monitor.
--- The three login users own nothing and hold nothing but their group's
--- grants: least privilege is the groups', and a leaked service password
--- cannot drop, rewrite or read beyond what that service does.
+--   console_app     DATABASE_URL of ops-console, the operator's console;
+--                   member of ops_console (migrations/V9__console_role.sql:
+--                   what its pages read and its three actions write). Made
+--                   only when -v console_password is given: the console is
+--                   opt-in, and a login nobody uses is one password too many.
+--                   The group is made either way (the migration grants to it).
+-- The login users own nothing and hold nothing but their group's grants:
+-- least privilege is the groups', and a leaked service password cannot
+-- drop, rewrite or read beyond what that service does.
 --
 -- On a managed service whose admin is not a superuser, CREATE DATABASE ...
 -- OWNER needs the admin to be a member of the owner: GRANT webhooks_owner TO
@@ -37,7 +46,7 @@
 -- The groups the migration grants to. The migration creates them itself when
 -- its user may (CREATEROLE); creating them here lets the owner do without.
 SELECT format('CREATE ROLE %I NOLOGIN', name)
-  FROM unnest(ARRAY['webhook_ingest', 'outbox_relay', 'outbox_monitor']) AS name
+  FROM unnest(ARRAY['webhook_ingest', 'outbox_relay', 'outbox_monitor', 'ops_console']) AS name
  WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = name)
 \gexec
 
@@ -59,12 +68,22 @@ SELECT format('GRANT %I TO %I', grp, login)
                ('keda_app', 'outbox_monitor')) AS u(login, grp)
  WHERE NOT pg_has_role(login, grp, 'MEMBER')
 \gexec
+-- The console's login, in the same way, when its password is given.
+\if :{?console_password}
+SELECT format('CREATE ROLE %I LOGIN PASSWORD %L IN ROLE %I', login, password, grp)
+  FROM (VALUES ('console_app', :'console_password', 'ops_console')) AS u(login, password, grp)
+ WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = login)
+\gexec
+SELECT 'GRANT ops_console TO console_app'
+ WHERE NOT pg_has_role('console_app', 'ops_console', 'MEMBER')
+\gexec
+\endif
 
 -- Settings carried by the login role. With DATABASE_POOL_MODE=session the
 -- services set the same per connection (startup options); through a
 -- transaction-mode pooler, which passes no startup options, these are what
 -- bounds every statement. Keep them in step with the services' settings.
---   all three: names resolve in pg_catalog alone. PostgreSQL resolves a
+--   every login: names resolve in pg_catalog alone. PostgreSQL resolves a
 --   function or operator across the whole search_path by best match of the
 --   argument types, so on the default path ("$user", public) a function
 --   someone created in `public` with exact types (PostgreSQL 14 and earlier
@@ -111,6 +130,12 @@ SELECT 'GRANT SET ON PARAMETER wal_compression TO outbox_relay'
 --   the autoscaler: one count, read-only.
 ALTER ROLE keda_app SET statement_timeout = '5s';
 ALTER ROLE keda_app SET default_transaction_read_only = on;
+--   the console, where its login was made: its pages' reads and its
+--   actions, each bounded as the console bounds it per session.
+\if :{?console_password}
+ALTER ROLE console_app SET search_path = pg_catalog;
+ALTER ROLE console_app SET statement_timeout = '10s';
+\endif
 
 -- The database, owned by the schema owner.
 SELECT format('CREATE DATABASE %I OWNER webhooks_owner', :'dbname')

@@ -14,7 +14,8 @@ the pinned Python packages. No cluster is needed and nothing is applied.
    periods against the shutdown budgets, KEDA's query against the relay's,
    alerts (and their runbook_url) and the dashboard against the metrics the
    code exports and RUNBOOK.md, the recommended labels, images against the
-   Dockerfile.
+   Dockerfile, and where a render runs the operator's console, what keeps it
+   to one pod and behind its auth proxy.
 4. Where a render runs PostgreSQL on CloudNativePG (cnpg.py): synchronous
    replication a commit waits for, the roles of deploy/sql/roles.sql, the
    NetworkPolicies between our pods and the Cluster's, and the overlay's
@@ -79,7 +80,7 @@ class Report:
 def main() -> int:
     parser = argparse.ArgumentParser(prog="deploy-check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--bindir", type=Path, default=Path(os.environ.get("DEPLOY_CHECK_BINDIR", ROOT / "target/debug")),
-                        help="where webhook-ingest and outbox-relay are built (default target/debug, or $DEPLOY_CHECK_BINDIR)")
+                        help="where webhook-ingest, outbox-relay and ops-console are built (default target/debug, or $DEPLOY_CHECK_BINDIR)")
     args = parser.parse_args()
     report = Report()
     try:
@@ -137,6 +138,10 @@ def main() -> int:
             report.check(f"[{r.label}] grace periods cover the shutdown budgets", code.check_grace(objs, ours))
             report.check(f"[{r.label}] the migration runs the deployed release; no Secret rendered", code.check_release(objs, ours))
             report.check(f"[{r.label}] recommended labels on every object; the version is the images' tag", code.check_labels(objs, ours))
+        if any(oc.role == "console" for oc in ours):
+            report.check(f"[{r.label}] the console: one replica, Recreate, no autoscaler; URL and token from Secrets; "
+                         "cookie HTTPS-only; pages admitted from named pods only (the auth proxy), routed by no Ingress",
+                         code.check_console(objs, ours))
         if any(o.get("kind") == "NetworkPolicy" for o in objs):
             report.check(f"[{r.label}] NetworkPolicies reach 5432 and 443 only at the overlay's configured ranges", egress.check_egress(objs))
             broken = egress.breakages(objs)

@@ -4,6 +4,7 @@ deploy. Each returns a list of problems (empty: passed)."""
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import json
 import math
 import re
@@ -11,15 +12,23 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from .binaries import OURS, REQUIRED, Binaries, Cli
+from .cnpg import opens, policies_selecting
 from .render import DEPLOY, ROOT
 from .validate import ident
 
 COUNT_DUE_SQL = ROOT / "crates/outbox-relay/sql/count_due.sql"
+# Where the console's HTTP server is built: its shutdown_timeout is the
+# console's shutdown budget.
+CONSOLE_SERVER = ROOT / "crates/ops-console/src/server.rs"
 RUNBOOK = DEPLOY / "RUNBOOK.md"
 DOCKERFILE = DEPLOY / "Dockerfile"
 # Test helpers, not what the binaries run.
 NOT_SHIPPED = ("testkit", "simulator")
 HEALTHZ, READYZ, METRICS = "/healthz", "/readyz", "/metrics"
+# What each binary is when it serves (no subcommand, or `serve`), and the
+# variable of the traffic port of those that take traffic.
+SERVING = {"webhook-ingest": "ingest", "outbox-relay": "relay", "ops-console": "console"}
+TRAFFIC_ADDR = {"ingest": "INGEST_LISTEN_ADDR", "console": "CONSOLE_LISTEN_ADDR"}
 
 
 def shipped_sources() -> str:
@@ -59,9 +68,9 @@ class Ours:
 
     @property
     def role(self) -> str:
-        """ingest or relay when it serves; the subcommand's name otherwise."""
+        """ingest, relay or console when it serves; the subcommand's name otherwise."""
         if self.subcommand in ((), ("serve",)):
-            return {"webhook-ingest": "ingest", "outbox-relay": "relay"}[self.binary]
+            return SERVING[self.binary]
         return "-".join(self.subcommand)
 
     def env(self, objs: list[dict]) -> dict[str, object]:
@@ -120,6 +129,15 @@ def port_of(addr: str | None) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def is_loopback(addr: str | None) -> bool:
+    """127.0.0.1:8080, [::1]:8080: an address only this host reaches."""
+    host = (addr or "").rsplit(":", 1)[0].strip("[]")
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 def int_of(raw: str | None) -> int | None:
     try:
         return int(str(raw).strip()) if raw is not None else None
@@ -171,11 +189,11 @@ def check_ports_and_probes(objs: list[dict], containers: list[Ours]) -> list[str
             problems.append(f"no crate serves {path} any more: update deploy-check and the manifests")
     admin_ports = {}
     for oc in containers:
-        if oc.role not in ("ingest", "relay"):
+        if oc.role not in SERVING.values():
             continue  # one-off commands listen on nothing
         want = {"admin": port_of(oc.value(objs, "ADMIN_LISTEN_ADDR"))}
-        if oc.role == "ingest":
-            want["http"] = port_of(oc.value(objs, "INGEST_LISTEN_ADDR"))
+        if oc.role in TRAFFIC_ADDR:
+            want["http"] = port_of(oc.value(objs, TRAFFIC_ADDR[oc.role]))
         named = {p.get("name"): p.get("containerPort") for p in oc.container.get("ports") or []}
         for name, port in want.items():
             if port is None:
@@ -248,6 +266,93 @@ def check_grace(objs: list[dict], containers: list[Ours]) -> list[str]:
             if lease is None or not lease * 1000 > timeout_ms:
                 problems.append(f"{oc.where}: RELAY_LEASE_SECS {lease} must exceed RELAY_HTTP_TIMEOUT_MS {timeout_ms} ms "
                                 "(the binary refuses to start)")
+        elif oc.role == "console":
+            budget = console_shutdown_secs()
+            if budget is None:
+                problems.append(f"{CONSOLE_SERVER.relative_to(ROOT)}: no `.shutdown_timeout(N)` on the HTTP server: "
+                                "update deploy-check (the console's shutdown budget)")
+            elif not grace > budget + 1:
+                problems.append(f"{oc.where}: terminationGracePeriodSeconds {grace} must exceed the HTTP server's "
+                                f"shutdown_timeout {budget} s + 1 (requests in flight are cut)")
+    return problems
+
+
+def console_shutdown_secs() -> int | None:
+    """How long the console's HTTP server waits for requests in flight on
+    SIGTERM, as crates/ops-console/src/server.rs builds it."""
+    if not CONSOLE_SERVER.is_file():
+        return None
+    m = re.search(r"\.shutdown_timeout\(\s*(\d+)\s*\)", CONSOLE_SERVER.read_text())
+    return int(m.group(1)) if m else None
+
+
+# The console's variables that must come from a Secret, never a ConfigMap.
+CONSOLE_SECRETS = ("DATABASE_URL", "CONSOLE_TOKEN")
+
+
+def check_console(objs: list[dict], containers: list[Ours]) -> list[str]:
+    """The operator's console: one pod, never two (its sign-ins live in the
+    process's memory: behind two, operators are signed out at random), so
+    one replica, Recreate and no autoscaler; its database URL and token from
+    Secrets; its session cookie HTTPS-only unless it listens on loopback;
+    its pages admitted by the NetworkPolicies from named pods only (the auth
+    proxy) and routed by no Ingress."""
+    problems = []
+    for oc in [c for c in containers if c.role == "console"]:
+        owner, meta = oc.owner, oc.owner["metadata"]
+        ns, spec = meta.get("namespace"), oc.owner.get("spec") or {}
+        if owner.get("kind") != "Deployment":
+            problems.append(f"{oc.where}: a {owner.get('kind')}, not a Deployment of one replica")
+        else:
+            if spec.get("replicas") != 1:
+                problems.append(f"{oc.where}: replicas {spec.get('replicas')}, not 1: the sign-ins live in one "
+                                "process's memory, and a second pod signs operators out at random")
+            strategy = (spec.get("strategy") or {}).get("type", "RollingUpdate")
+            if strategy != "Recreate":
+                problems.append(f"{oc.where}: strategy {strategy}: a rollout would run two pods side by side "
+                                "(Recreate stops the old one first)")
+        for scaler in find(objs, "HorizontalPodAutoscaler", namespace=ns) + find(objs, "ScaledObject", namespace=ns):
+            ref = (scaler.get("spec") or {}).get("scaleTargetRef") or {}
+            if ref.get("name") == meta.get("name") and ref.get("kind", "Deployment") == owner.get("kind"):
+                problems.append(f"{ident(scaler)} scales {oc.where}, which must stay at one pod")
+        env = oc.env(objs)
+        for name in CONSOLE_SECRETS:
+            if name in env and env[name] is not SECRET:
+                problems.append(f"{oc.where}: {name} is not from a Secret (env[].valueFrom.secretKeyRef)")
+        listen = oc.value(objs, "CONSOLE_LISTEN_ADDR")
+        if oc.value(objs, "CONSOLE_COOKIE") == "plain-http" and not is_loopback(listen):
+            problems.append(f"{oc.where}: CONSOLE_COOKIE=plain-http while it listens on {listen}: the session "
+                            "cookie would travel over plain HTTP (secure)")
+        labels = pod_labels(owner)
+        port = port_of(listen)
+        port_name = next((p.get("name") for p in oc.container.get("ports") or [] if p.get("containerPort") == port), None)
+        policies = policies_selecting(objs, ns, labels, "Ingress")
+        if not policies:
+            problems.append(f"{oc.where}: no NetworkPolicy selects its pods for Ingress: any pod reaches its pages")
+        for p in policies:
+            for i, rule in enumerate((p.get("spec") or {}).get("ingress") or []):
+                if port is None or not opens(rule, port, port_name):
+                    continue
+                where = f"{ident(p)}: ingress[{i}] to the console's pages ({port})"
+                peers = rule.get("from") or []
+                if not peers:
+                    problems.append(f"{where} admits any source: name the auth proxy's pods")
+                for peer in peers:
+                    if not ((peer.get("podSelector") or {}).get("matchLabels") or {}):
+                        problems.append(f"{where} admits {sorted(peer)} without naming pods (podSelector.matchLabels): "
+                                        "only the auth proxy's pods may reach the pages")
+        for ing in find(objs, "Ingress", namespace=ns):
+            ing_spec = ing.get("spec") or {}
+            backends = [ing_spec.get("defaultBackend") or {}] + [
+                path.get("backend") or {} for r in ing_spec.get("rules") or []
+                for path in (r.get("http") or {}).get("paths") or []]
+            for backend in backends:
+                name = (backend.get("service") or {}).get("name")
+                for svc in find(objs, "Service", name, ns) if name else []:
+                    selector = (svc.get("spec") or {}).get("selector")
+                    if selector and selects({"matchLabels": selector}, labels):
+                        problems.append(f"{ident(ing)} routes to {ident(svc)}, the console's pods: browsers must "
+                                        "come through the auth proxy (route to it instead)")
     return problems
 
 

@@ -7,7 +7,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-OURS = ("webhook-ingest", "outbox-relay")
+OURS = ("webhook-ingest", "outbox-relay", "ops-console")
 
 # Read by the OpenTelemetry SDK or the log filter, not by clap.
 ALWAYS_ACCEPTED = re.compile(r"^(OTEL_[A-Z0-9_]+|RUST_LOG)$")
@@ -19,6 +19,8 @@ REQUIRED = {
     ("webhook-ingest", ("serve",)): ["DATABASE_URL", "WEBHOOK_SECRETS"],
     ("webhook-ingest", ("migrate",)): ["DATABASE_URL"],
     ("outbox-relay", ()): ["DATABASE_URL", "FULFILMENT_URL", "EMAIL_URL"],
+    # Off unless CONSOLE_LISTEN_ADDR names an address; no sign-in without the token.
+    ("ops-console", ()): ["DATABASE_URL", "CONSOLE_LISTEN_ADDR", "CONSOLE_TOKEN"],
 }
 
 ENV_MARK = re.compile(r"\[env: ([A-Za-z_][A-Za-z0-9_]*)(?:=[^\]]*)?\](?: \[default: ([^\]]*)\])?")

@@ -47,7 +47,8 @@ ROLES_SQL = ROOT / "deploy/sql/roles.sql"
 HOSTNAME = "kubernetes.io/hostname"
 # What each of our containers logs in as: a member of this group
 # (deploy/sql/roles.sql); the migration as the database's owner.
-SERVICE_GROUP = {"ingest": "webhook_ingest", "relay": "outbox_relay", "keda": "outbox_monitor"}
+SERVICE_GROUP = {"ingest": "webhook_ingest", "relay": "outbox_relay", "keda": "outbox_monitor",
+                 "console": "ops_console"}
 URL_VARIABLES = ("DATABASE_URL", "RELAY_LISTEN_DATABASE_URL")
 
 
@@ -231,7 +232,7 @@ def _ports(rule: dict) -> set | None:
     return out
 
 
-def _opens(rule: dict, port: int, name: str | None = None) -> bool:
+def opens(rule: dict, port: int, name: str | None = None) -> bool:
     ports = _ports(rule)
     return ports is None or port in ports or (name is not None and name in ports)
 
@@ -250,7 +251,7 @@ def _peer_admits(peer: dict, labels: dict, ns: str | None) -> bool:
     return "podSelector" not in peer or _selects(peer["podSelector"], labels)
 
 
-def _policies(objs: list[dict], ns: str | None, labels: dict, direction: str) -> list[dict]:
+def policies_selecting(objs: list[dict], ns: str | None, labels: dict, direction: str) -> list[dict]:
     """The NetworkPolicies that select these pods for a direction (policyTypes
     defaults to Ingress, plus Egress when the policy has egress rules)."""
     out = []
@@ -286,7 +287,7 @@ def check_network(objs: list[dict], containers) -> list[str]:
         # Our pods, out.
         owners = list({id(oc.owner): oc.owner for oc in containers if _ns(oc.owner) == ns}.values())
         for owner in owners:
-            policies = _policies(objs, ns, _template_labels(owner), "Egress")
+            policies = policies_selecting(objs, ns, _template_labels(owner), "Egress")
             if not policies:
                 continue  # no egress policy: nothing restricts it
             reaches = False
@@ -296,7 +297,7 @@ def check_network(objs: list[dict], containers) -> list[str]:
                     if not to_cluster:
                         continue
                     names_it = any(_match_labels(peer).get(CLUSTER_LABEL) == cname for peer in rule.get("to") or [])
-                    if _opens(rule, PORT, "postgresql"):
+                    if opens(rule, PORT, "postgresql"):
                         reaches = True
                     elif names_it:
                         problems.append(f"{ident(p)}: egress[{i}] to the Cluster {cname}'s pods opens "
@@ -305,7 +306,7 @@ def check_network(objs: list[dict], containers) -> list[str]:
                 problems.append(f"{ident(owner)}: no NetworkPolicy egress rule lets its pods reach the Cluster "
                                 f"{cname}'s pods ({CLUSTER_LABEL}: {cname}) on {PORT}")
         # The Cluster's pods, in.
-        policies = _policies(objs, ns, target, "Ingress")
+        policies = policies_selecting(objs, ns, target, "Ingress")
         if not policies:
             problems.append(f"{ident(cl)}: no NetworkPolicy selects its pods ({CLUSTER_LABEL}: {cname}): "
                             "every pod of the cluster may connect to the database")
@@ -316,7 +317,7 @@ def check_network(objs: list[dict], containers) -> list[str]:
                    ("the operator (status)", OPERATOR_LABELS, None, STATUS_PORT),
                    ("the operator", OPERATOR_LABELS, None, PORT)]
         for who, labels, from_ns, port in wanted:
-            admitted = any(_opens(rule, port)
+            admitted = any(opens(rule, port)
                            and (not rule.get("from") or any(_peer_admits(peer, labels, from_ns) for peer in rule["from"]))
                            for p in policies for rule in _spec(p).get("ingress") or [])
             if not admitted:
@@ -472,7 +473,7 @@ def check_urls(label: str, objs: list[dict], containers, examples: tuple[list[Pa
                                 f"{role} (is {doc.get('type')}, {_secret_value(secrets, secret, 'username')!r})")
     for oc in containers:
         role = oc.role
-        if role not in ("ingest", "relay", "migrate"):
+        if role not in ("ingest", "relay", "console", "migrate"):
             continue
         files = set().union(*(_ca_files(oc, c) for c in by_name))
         for e in oc.container.get("env") or []:

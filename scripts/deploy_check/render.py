@@ -21,6 +21,11 @@ DEPLOY = ROOT / "deploy"
 # one that is: (overlay, the component it uses, the alternative). The overlay
 # is rendered a second time with the swap made.
 ALTERNATIVES = [("overlays/prod/app", "components/relay-keda", "components/relay-hpa")]
+# Components an overlay leaves out because they are opt-in, and the README
+# says how to add them: (overlay, the component). The overlay is rendered a
+# second time with it added (overlays/prod-console shows prod with the
+# console; this shows dev with it, as the quick look describes).
+OPT_INS = [("overlays/dev", "components/console")]
 
 
 class RenderError(Exception):
@@ -99,7 +104,7 @@ def take_origin(obj: dict, rendered: Path, copy: Path) -> dict:
         meta.pop("annotations", None)
     where = origin.get("path") or origin.get("configuredIn")
     if where:
-        where = "deploy/" + re.sub(r"\.alternative\d+", "", os.path.relpath((rendered / where).resolve(), copy.resolve()))
+        where = "deploy/" + re.sub(r"\.(alternative|opt-in)\d+", "", os.path.relpath((rendered / where).resolve(), copy.resolve()))
     obj["_source"] = where or "?"
     return obj
 
@@ -115,6 +120,16 @@ def swap_component(copy: Path, overlay: str, used: str, alternative: str) -> Non
     path.write_text(yaml.safe_dump(k, sort_keys=False))
 
 
+def add_component(copy: Path, overlay: str, component: str) -> None:
+    path = copy / overlay / "kustomization.yaml"
+    k = yaml.safe_load(path.read_text())
+    rel = os.path.relpath(DEPLOY / component, DEPLOY / overlay)
+    if rel in (k.get("components") or []):
+        raise RenderError(f"deploy/{overlay} lists the opt-in component {rel} already: update OPT_INS")
+    k["components"] = (k.get("components") or []) + [rel]
+    path.write_text(yaml.safe_dump(k, sort_keys=False))
+
+
 def render_all() -> tuple[list[Render], list[tuple[str, str]]]:
     """(the renders, [(label, why it failed)]). Each object carries `_source`,
     the file it comes from (remove it before validating)."""
@@ -123,6 +138,7 @@ def render_all() -> tuple[list[Render], list[tuple[str, str]]]:
     todo = [(label, label, label not in inner or Path(label).parent == Path("overlays"))
             for label, k in all_k.items() if k.get("kind") == "Kustomization"]
     todo += [(f"{o} with {a} instead of {u}", f"{o}.alternative{i}", True) for i, (o, u, a) in enumerate(ALTERNATIVES)]
+    todo += [(f"{o} with {c}", f"{o}.opt-in{i}", True) for i, (o, c) in enumerate(OPT_INS)]
     renders, failures = [], []
     with tempfile.TemporaryDirectory(prefix="deploy-check-") as tmp:
         copy = annotated_copy(Path(tmp))
@@ -132,6 +148,12 @@ def render_all() -> tuple[list[Render], list[tuple[str, str]]]:
                 swap_component(copy, f"{overlay}.alternative{i}", used, alternative)
             except RenderError as e:
                 failures.append((f"{overlay} with {alternative}", str(e)))
+        for i, (overlay, component) in enumerate(OPT_INS):
+            shutil.copytree(copy / overlay, copy / f"{overlay}.opt-in{i}")
+            try:
+                add_component(copy, f"{overlay}.opt-in{i}", component)
+            except RenderError as e:
+                failures.append((f"{overlay} with {component}", str(e)))
         for label, directory, entry_point in todo:
             try:
                 objs = kustomize(copy / directory)
