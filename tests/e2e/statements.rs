@@ -87,7 +87,7 @@ async fn every_statement_prepares_against_the_schema_with_the_declared_types_and
 }
 
 /// `client`, its session resolving names as the services' sessions do.
-async fn pinned(client: tokio_postgres::Client) -> tokio_postgres::Client {
+pub(crate) async fn pinned(client: tokio_postgres::Client) -> tokio_postgres::Client {
     client
         .batch_execute(&format!("SET search_path = {}", db::SEARCH_PATH))
         .await
@@ -98,7 +98,7 @@ async fn pinned(client: tokio_postgres::Client) -> tokio_postgres::Client {
 /// Plans `sql` with every parameter NULL (of its declared type), as the
 /// connected role: the planner checks that role's privileges on every table
 /// and column the statement reads or writes. Nothing is executed.
-async fn plannable_as(client: &tokio_postgres::Client, sql: &Sql) -> Result<(), String> {
+pub(crate) async fn plannable_as(client: &tokio_postgres::Client, sql: &Sql) -> Result<(), String> {
     let types: Vec<&str> = sql.types.iter().map(|t| t.name()).collect();
     let nulls = vec!["NULL"; types.len()].join(", ");
     let prepare = if types.is_empty() {

@@ -6,6 +6,7 @@
 //! session, a forged form, actions off, markup in a payload).
 
 mod browser;
+mod grants;
 mod guards;
 mod settle;
 mod story;
