@@ -17,8 +17,8 @@ use crate::config::CookieTransport;
 
 /// The session cookie's name.
 pub const COOKIE: &str = "ops_console_session";
-/// The longest operator name kept (it is written to the log with every action).
-pub const MAX_OPERATOR_CHARS: usize = 64;
+/// The longest operator name kept (it is written to the log with every action): an email address.
+pub const MAX_OPERATOR_CHARS: usize = 254;
 
 /// A signed-in operator.
 #[derive(Debug, Clone)]

@@ -51,6 +51,12 @@ pub struct Settings {
     #[arg(long, env = "CONSOLE_COOKIE", value_enum, default_value = "secure")]
     pub console_cookie: CookieTransport,
 
+    /// The header the auth proxy in front names the signed-in person with (X-Forwarded-Email with
+    /// oauth2-proxy's --pass-user-headers): the operator's name at sign-in is taken from it, not
+    /// typed. Set it only where nothing but the proxy reaches the console (its NetworkPolicy).
+    #[arg(long, env = "CONSOLE_OPERATOR_HEADER")]
+    pub console_operator_header: Option<String>,
+
     /// How long a sign-in lasts (90s, 30m, 8h, 1d).
     #[arg(long, env = "CONSOLE_SESSION_TTL", default_value = "8h",
           value_parser = process::args::parse_duration)]
@@ -85,6 +91,17 @@ pub struct Console {
     pub trace_url: Option<String>,
     pub cookie: CookieTransport,
     pub session_ttl: Duration,
+    /// Where the operator's name comes from.
+    pub operator: OperatorName,
+}
+
+/// Where the name an action is logged with comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OperatorName {
+    /// Typed at sign-in.
+    Typed,
+    /// This request header, set by the auth proxy.
+    FromHeader(actix_web::http::header::HeaderName),
 }
 
 impl Settings {
@@ -109,6 +126,13 @@ impl Settings {
                 "CONSOLE_TRACE_URL must be an http(s) address with `{trace_id}` where the id goes".into(),
             );
         }
+        let operator = match &self.console_operator_header {
+            None => OperatorName::Typed,
+            Some(name) => OperatorName::FromHeader(
+                actix_web::http::header::HeaderName::from_bytes(name.trim().as_bytes())
+                    .map_err(|_| format!("CONSOLE_OPERATOR_HEADER `{name}` is not a header name"))?,
+            ),
+        };
         if self.console_session_ttl.is_zero() {
             return Err("CONSOLE_SESSION_TTL must be longer than 0".into());
         }
@@ -119,6 +143,7 @@ impl Settings {
             trace_url: self.console_trace_url.clone(),
             cookie: self.console_cookie,
             session_ttl: self.console_session_ttl,
+            operator,
         })
     }
 }

@@ -6,6 +6,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Deserialize;
 
 use crate::auth::{self, Refused};
+use crate::config::OperatorName;
 use crate::html::{self, esc};
 use crate::pages::respond;
 use crate::state::State;
@@ -17,7 +18,8 @@ pub struct Next {
 
 #[derive(Deserialize)]
 pub struct SignIn {
-    operator: String,
+    /// Typed, unless the auth proxy names the operator (CONSOLE_OPERATOR_HEADER).
+    operator: Option<String>,
     token: String,
     next: Option<String>,
 }
@@ -36,7 +38,7 @@ fn local(next: Option<&str>) -> &str {
     }
 }
 
-fn form_page(next: &str, error: Option<&str>) -> String {
+fn form_page(next: &str, error: Option<&str>, operator: &OperatorName) -> String {
     let alert = error.map_or_else(String::new, |e| {
         format!("<p class=\"error\" role=\"alert\">{}</p>\n", esc(e))
     });
@@ -46,25 +48,49 @@ fn form_page(next: &str, error: Option<&str>) -> String {
         &format!(
             r#"{alert}<form method="post" action="/login" class="signin">
 <input type="hidden" name="next" value="{next}">
-<p><label for="operator">Your name (written to the log with each action)</label>
-<input id="operator" name="operator" autocomplete="username" required maxlength="{max}"></p>
+{name_field}
 <p><label for="token">Console token</label>
 <input id="token" name="token" type="password" autocomplete="current-password" required></p>
 <p><button type="submit">Sign in</button></p>
 </form>"#,
             next = esc(next),
-            max = auth::MAX_OPERATOR_CHARS,
+            name_field = match operator {
+                OperatorName::Typed => format!(
+                    "<p><label for=\"operator\">Your name (written to the log with each action)</label>\n\
+                     <input id=\"operator\" name=\"operator\" autocomplete=\"username\" required maxlength=\"{}\"></p>",
+                    auth::MAX_OPERATOR_CHARS
+                ),
+                // The proxy names the operator: nothing to type.
+                OperatorName::FromHeader(_) => String::new(),
+            },
         ),
     )
 }
 
-pub async fn form(query: web::Query<Next>) -> HttpResponse {
-    respond(StatusCode::OK, form_page(local(query.next.as_deref()), None))
+pub async fn form(state: web::Data<State>, query: web::Query<Next>) -> HttpResponse {
+    respond(
+        StatusCode::OK,
+        form_page(local(query.next.as_deref()), None, &state.console.operator),
+    )
+}
+
+/// The operator's name: the auth proxy's header when one is configured (a
+/// request without it is refused), else what was typed.
+fn operator_name(state: &State, req: &HttpRequest, typed: Option<&str>) -> Option<String> {
+    match &state.console.operator {
+        OperatorName::Typed => typed.map(str::to_owned),
+        OperatorName::FromHeader(header) => req
+            .headers()
+            .get(header)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
+    }
 }
 
 pub async fn sign_in(state: web::Data<State>, req: HttpRequest, form: web::Form<SignIn>) -> HttpResponse {
     let next = local(form.next.as_deref());
-    match state.sessions.sign_in(&form.operator, &form.token) {
+    let operator = operator_name(&state, &req, form.operator.as_deref()).unwrap_or_default();
+    match state.sessions.sign_in(&operator, &form.token) {
         Ok((session, cookie)) => {
             tracing::info!(operator = %session.operator, peer = ?req.peer_addr(), "console sign-in");
             HttpResponse::SeeOther()
@@ -74,16 +100,24 @@ pub async fn sign_in(state: web::Data<State>, req: HttpRequest, form: web::Form<
         }
         Err(refused) => {
             tracing::warn!(
-                operator = %process::terminal::printable(&form.operator),
+                operator = %process::terminal::printable(&operator),
                 peer = ?req.peer_addr(),
                 reason = ?refused,
                 "console sign-in refused"
             );
             let error = match refused {
                 Refused::WrongToken => "That token is not the console's.",
-                Refused::BadName => "Your name: 1 to 64 characters.",
+                Refused::BadName => match &state.console.operator {
+                    OperatorName::Typed => "Your name: 1 to 254 characters.",
+                    OperatorName::FromHeader(_) => {
+                        "The auth proxy named no operator (CONSOLE_OPERATOR_HEADER): sign in through it."
+                    }
+                },
             };
-            respond(StatusCode::UNAUTHORIZED, form_page(next, Some(error)))
+            respond(
+                StatusCode::UNAUTHORIZED,
+                form_page(next, Some(error), &state.console.operator),
+            )
         }
     }
 }

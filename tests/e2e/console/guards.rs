@@ -395,3 +395,79 @@ fn the_console_is_off_unless_configured_and_says_which_setting_is_missing() {
         );
     }
 }
+
+#[tokio::test]
+async fn behind_the_auth_proxy_the_operator_is_whom_its_header_names() {
+    let (stack, id) = one_dead_letter().await;
+    let console =
+        Console::start_with(&stack, true, &[("CONSOLE_OPERATOR_HEADER", "X-Forwarded-Email")]).await;
+    let http = client();
+    let page = http
+        .get(format!("{}/login", console.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        !page.contains("Your name"),
+        "nothing to type: the proxy names the operator"
+    );
+    let without = http
+        .post(format!("{}/login", console.url))
+        .form(&[("operator", "mallory"), ("token", TOKEN)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        without.status(),
+        StatusCode::UNAUTHORIZED,
+        "a sign-in the proxy did not name"
+    );
+    assert!(without.headers().get("set-cookie").is_none());
+
+    let signed = http
+        .post(format!("{}/login", console.url))
+        .header("X-Forwarded-Email", "ann@shop.example")
+        .form(&[("operator", "mallory"), ("token", TOKEN)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(signed.status(), StatusCode::SEE_OTHER);
+    let cookie = signed.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    let page = http
+        .get(format!("{}/dead/{id}", console.url))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains("Sign out ann@shop.example"), "{page}");
+    let csrf = page
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .unwrap()
+        .split('"')
+        .next()
+        .unwrap()
+        .to_owned();
+    assert_eq!(
+        requeue(&console, &http, id, Some(&cookie), &csrf).await,
+        StatusCode::OK
+    );
+    let audit = console.audit_lines();
+    assert_eq!(audit.len(), 1, "{audit:#?}");
+    assert_eq!(
+        audit[0]["operator"], "ann@shop.example",
+        "the proxy's name, not the typed one"
+    );
+}

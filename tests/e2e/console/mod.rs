@@ -32,6 +32,11 @@ impl Console {
     /// Starts `ops-console` on `stack`'s database, its actions on or off,
     /// and waits until it is ready.
     pub async fn start(stack: &Stack, actions: bool) -> Self {
+        Self::start_with(stack, actions, &[]).await
+    }
+
+    /// The same, with more variables.
+    pub async fn start_with(stack: &Stack, actions: bool, more: &[(&str, &str)]) -> Self {
         let dir = std::env::temp_dir().join(format!(
             "e2e-console-{}-{}",
             std::process::id(),
@@ -55,6 +60,7 @@ impl Console {
         ]
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v))
+        .chain(more.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())))
         .collect();
         let proc = Proc::spawn("ops-console", &env, &dir);
         crate::harness::wait_ready(&stack.http, &format!("http://127.0.0.1:{admin}")).await;
