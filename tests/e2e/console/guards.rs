@@ -18,6 +18,24 @@ fn client() -> reqwest::Client {
         .unwrap()
 }
 
+/// The page at `path`, with the session `cookie` if any.
+async fn get_page(console: &Console, http: &reqwest::Client, cookie: Option<&str>, path: &str) -> String {
+    let mut request = http.get(format!("{}{path}", console.url));
+    if let Some(cookie) = cookie {
+        request = request.header("cookie", cookie);
+    }
+    request.send().await.unwrap().text().await.unwrap()
+}
+
+/// The CSRF token a page's forms carry.
+fn csrf_of(page: &str) -> String {
+    page.split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("every signed-in page carries the sign-out form's CSRF token")
+        .to_owned()
+}
+
 /// Signs in over HTTP: the session cookie (`name=value`) and the CSRF token
 /// the pages' forms carry.
 async fn signed_in(console: &Console, http: &reqwest::Client) -> (String, String) {
@@ -34,21 +52,8 @@ async fn signed_in(console: &Console, http: &reqwest::Client) -> (String, String
         "{set}"
     );
     let cookie = set.split(';').next().unwrap().to_owned();
-    let page = http
-        .get(format!("{}/", console.url))
-        .header("cookie", &cookie)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let csrf = page
-        .split("name=\"csrf\" value=\"")
-        .nth(1)
-        .and_then(|rest| rest.split('"').next())
-        .expect("every page carries the sign-out form's CSRF token")
-        .to_owned();
+    let page = get_page(console, http, Some(&cookie), "/").await;
+    let csrf = csrf_of(&page);
     (cookie, csrf)
 }
 
@@ -110,7 +115,9 @@ async fn without_a_session_or_with_another_csrf_token_nothing_changes() {
     assert!(wrong.headers().get("set-cookie").is_none());
 
     let (cookie, csrf) = signed_in(&console, &http).await;
-    let forged = format!("{}0", &csrf[..csrf.len() - 1]);
+    // The session's token with its last digit changed: as long, one digit off.
+    let last = if csrf.ends_with('0') { '1' } else { '0' };
+    let forged = format!("{}{last}", &csrf[..csrf.len() - 1]);
     assert_eq!(
         requeue(&console, &http, id, Some(&cookie), &forged).await,
         StatusCode::FORBIDDEN
@@ -147,15 +154,7 @@ async fn with_actions_off_none_is_offered_and_each_is_refused() {
     let console = Console::start(&stack, false).await;
     let http = client();
     let (cookie, csrf) = signed_in(&console, &http).await;
-    let page = http
-        .get(format!("{}/dead/{id}", console.url))
-        .header("cookie", &cookie)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = get_page(&console, &http, Some(&cookie), &format!("/dead/{id}")).await;
     assert!(
         page.contains("HTTP 422") && !page.contains("/requeue"),
         "read, and no action offered"
@@ -402,14 +401,7 @@ async fn behind_the_auth_proxy_the_operator_is_whom_its_header_names() {
     let console =
         Console::start_with(&stack, true, &[("CONSOLE_OPERATOR_HEADER", "X-Forwarded-Email")]).await;
     let http = client();
-    let page = http
-        .get(format!("{}/login", console.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = get_page(&console, &http, None, "/login").await;
     assert!(
         !page.contains("Your name"),
         "nothing to type: the proxy names the operator"
@@ -442,24 +434,9 @@ async fn behind_the_auth_proxy_the_operator_is_whom_its_header_names() {
         .next()
         .unwrap()
         .to_owned();
-    let page = http
-        .get(format!("{}/dead/{id}", console.url))
-        .header("cookie", &cookie)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = get_page(&console, &http, Some(&cookie), &format!("/dead/{id}")).await;
     assert!(page.contains("Sign out ann@shop.example"), "{page}");
-    let csrf = page
-        .split("name=\"csrf\" value=\"")
-        .nth(1)
-        .unwrap()
-        .split('"')
-        .next()
-        .unwrap()
-        .to_owned();
+    let csrf = csrf_of(&page);
     assert_eq!(
         requeue(&console, &http, id, Some(&cookie), &csrf).await,
         StatusCode::OK
