@@ -14,6 +14,7 @@
 //! - [`login`]: the sign-in and sign-out pages.
 //! - [`pages`]: the pages (GET): backlog, story, dead letters, unmatched.
 //! - [`actions`]: the actions (POST): requeue, discard, replay; each logged.
+//! - [`metrics`]: `ops_console_actions_total`, by action and outcome.
 //! - [`html`]: escaping, and the page every response is written into.
 //! - [`storage`]: the console's own SQL (an order, the unmatched payments).
 #![forbid(unsafe_code)]
@@ -23,6 +24,7 @@ pub mod auth;
 pub mod config;
 pub mod html;
 pub mod login;
+pub mod metrics;
 pub mod pages;
 pub mod server;
 pub mod state;

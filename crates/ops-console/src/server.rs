@@ -6,6 +6,7 @@
 use std::net::TcpListener;
 use std::sync::Arc;
 
+use actix_web::dev::Service as _;
 use actix_web::middleware::DefaultHeaders;
 use actix_web::{App, HttpServer, web};
 use anyhow::Context as _;
@@ -15,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::Sessions;
 use crate::config::{Console, Settings};
+use crate::metrics::ConsoleMetrics;
 use crate::state::State;
 use crate::{actions, login, pages};
 
@@ -55,6 +57,7 @@ impl Application {
             pool_wait: std::time::Duration::from_secs(10),
         });
         let mut registry = Registry::default();
+        let metrics = ConsoleMetrics::register(&mut registry);
         process::metrics::register(
             &mut registry,
             "ops_console_build_info",
@@ -85,8 +88,22 @@ impl Application {
             let headers = SECURITY_HEADERS
                 .iter()
                 .fold(DefaultHeaders::new(), |h, (name, value)| h.add((*name, *value)));
+            let metrics = metrics.clone();
             App::new()
                 .app_data(state.clone())
+                // Every answer to an action, counted by what came of it.
+                .wrap_fn(move |req, service| {
+                    let metrics = metrics.clone();
+                    let post = req.method() == actix_web::http::Method::POST;
+                    let answer = service.call(req);
+                    async move {
+                        let answer = answer.await?;
+                        if post && let Some(pattern) = answer.request().match_pattern() {
+                            metrics.answered(&pattern, answer.status());
+                        }
+                        Ok(answer)
+                    }
+                })
                 .app_data(web::FormConfig::default().limit(16 * 1024))
                 .wrap(headers)
                 .route("/style.css", web::get().to(pages::style))

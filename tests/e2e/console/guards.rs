@@ -146,6 +146,18 @@ async fn without_a_session_or_with_another_csrf_token_nothing_changes() {
         StatusCode::CONFLICT,
         "not dead any more"
     );
+    let metrics = crate::harness::metrics(&http, &console.admin).await;
+    let requeues = |outcome| {
+        metrics.find(
+            "ops_console_actions_total",
+            &[("action", "requeue"), ("outcome", outcome)],
+        )
+    };
+    assert_eq!(
+        [requeues("refused"), requeues("done"), requeues("unchanged")],
+        [Some(2.0), Some(1.0), Some(1.0)],
+        "ops_console_actions_total counts each answer: no session and the forged token refused, one done, one unchanged"
+    );
 }
 
 #[tokio::test]

@@ -25,6 +25,8 @@ pub const TOKEN: &str = "console-test-token-7f3a9c2e5b1d";
 pub struct Console {
     pub proc: Proc,
     pub url: String,
+    /// Its admin listener: /healthz, /readyz, /metrics.
+    pub admin: String,
     _dir: TempDir,
 }
 
@@ -63,10 +65,12 @@ impl Console {
         .chain(more.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())))
         .collect();
         let proc = Proc::spawn("ops-console", &env, &dir);
-        crate::harness::wait_ready(&stack.http, &format!("http://127.0.0.1:{admin}")).await;
+        let admin = format!("http://127.0.0.1:{admin}");
+        crate::harness::wait_ready(&stack.http, &admin).await;
         Self {
             proc,
             url: format!("http://127.0.0.1:{port}"),
+            admin,
             _dir: TempDir(dir),
         }
     }
