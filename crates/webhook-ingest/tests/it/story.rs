@@ -377,6 +377,9 @@ async fn replays_released_together_apply_the_event_once() {
     let app = spawn_app().await;
     let body = event("evt_racing", "payment.succeeded", "pay_9");
     assert_eq!(app.post(&body).await.status(), 200);
+    // The row is held before its order exists: otherwise the app's reconciler
+    // may apply the event first, and then no replay waits for the row.
+    let holder = crate::helpers::hold_event_row(&app, "evt_racing").await;
     app.insert_order(9, "pay_9", "pending").await;
     let parsed = std::sync::Arc::new(domain::ProviderEvent::parse(body.as_bytes()).unwrap());
     let pool = db::Database::parse(&app.db.as_ref().unwrap().url_as(Role::Ingest))
@@ -393,7 +396,6 @@ async fn replays_released_together_apply_the_event_once() {
             pool_wait: std::time::Duration::from_secs(10),
         });
 
-    let holder = crate::helpers::hold_event_row(&app, "evt_racing").await;
     let racers: Vec<_> = (0..8)
         .map(|_| {
             let (pool, parsed) = (pool.clone(), parsed.clone());
@@ -406,7 +408,12 @@ async fn replays_released_together_apply_the_event_once() {
     // Every replay waits for the row's lock before it is released.
     let waiting = "SELECT count(*) FROM pg_stat_activity
                     WHERE application_name = 'replay-race' AND wait_event_type = 'Lock'";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while app.count(waiting).await < 8 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the 8 replays never all waited for the held row"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     holder.batch_execute("COMMIT").await.unwrap();
