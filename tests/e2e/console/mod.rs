@@ -8,6 +8,7 @@
 mod browser;
 mod grants;
 mod guards;
+mod plans;
 mod settle;
 mod story;
 
