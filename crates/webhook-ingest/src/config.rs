@@ -202,8 +202,8 @@ pub struct Settings {
     /// Retry-After at once instead of queueing for a database connection.
     /// Load shedding: under overload, memory and latency stay bounded and the
     /// provider retries later, instead of every request waiting out its
-    /// deadline. Four times as many bodies are read at once, and twice that
-    /// many connections held; more wait in the listen backlog.
+    /// deadline. Four times as many bodies are read at once, over as many
+    /// connections held; more wait in the listen backlog.
     #[arg(long, env = "INGEST_MAX_IN_FLIGHT", default_value_t = 256,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub ingest_max_in_flight: u32,

@@ -169,15 +169,17 @@ impl Application {
 
 /// The HTTP workers (one per CPU the process may use, as the runtime's:
 /// `process::runtime::worker_threads`) and the connections
-/// each holds at most: together, twice the bodies read at once
-/// ([`http::READERS_PER_PERMIT`] per `INGEST_MAX_IN_FLIGHT` permit). A
-/// connection beyond that waits in the listen backlog, in the kernel, until
-/// one closes: an open-loop provider under overload opens one per delivery
-/// that finds none idle, and each held one costs the ingest its buffers
-/// (a peak RSS of 72 MiB at 7ca8731, 168 MiB at 2b23aee, unbounded).
+/// each holds at most: together, the bodies read at once
+/// ([`http::READERS_PER_PERMIT`] per `INGEST_MAX_IN_FLIGHT` permit; an
+/// HTTP/1.1 connection reads one at a time). A connection beyond that waits
+/// in the listen backlog, in the kernel, until one closes: an open-loop
+/// provider under overload opens one per delivery that finds none idle, and
+/// each held one costs the ingest about 17 KiB of buffers (a peak RSS of
+/// 168 MiB at 2b23aee, unbounded; 75.7 MiB at 9333ec3 with twice as many
+/// held, 2,048 by default, in the full bench's overloaded e2e run).
 fn connection_bound(max_in_flight: usize) -> (usize, usize) {
     let workers = process::runtime::worker_threads();
-    let total = max_in_flight * http::READERS_PER_PERMIT * 2;
+    let total = max_in_flight * http::READERS_PER_PERMIT;
     (workers, total.div_ceil(workers).max(1))
 }
 

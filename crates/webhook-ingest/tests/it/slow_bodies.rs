@@ -118,8 +118,8 @@ fn ask(conn: &mut TcpStream, wait: Duration) -> Option<String> {
     text.lines().next().map(str::to_owned)
 }
 
-/// The connections the ingest holds are bounded (twice the bodies it reads
-/// at once, eight with one permit): one more waits in the listen backlog,
+/// The connections the ingest holds are bounded (as many as the bodies it
+/// reads at once, four with one permit): one more waits in the listen backlog,
 /// unanswered, and is served as soon as one of the others closes. Without
 /// the bound, every connection a flooding provider opens is held, with its
 /// buffers.
@@ -128,7 +128,7 @@ async fn connections_beyond_the_bound_wait_until_one_closes() {
     let app = spawn_app_with(&["--ingest-max-in-flight", "1"]).await;
     let port: u16 = app.url.rsplit(':').next().unwrap().parse().unwrap();
     let workers = process::runtime::worker_threads();
-    let bound = workers * (8_usize).div_ceil(workers);
+    let bound = workers * (4_usize).div_ceil(workers);
     tokio::task::spawn_blocking(move || {
         let mut held: Vec<TcpStream> = (0..bound)
             .map(|_| {
