@@ -500,6 +500,31 @@ async fn the_prune_compresses_its_wal_when_its_role_may_and_says_which_it_did() 
     );
 }
 
+/// The prune's session commits without waiting for the WAL flush (its
+/// deletes are redone by the next prune if a crash loses them) and bounds its
+/// statements, whatever its login role sets: here a role that sets neither
+/// (the relay's own role in the tests, as deploy/sql/roles.sql's `relay_app`,
+/// commits asynchronously already).
+#[tokio::test]
+async fn the_prune_commits_asynchronously_and_bounds_its_statements() {
+    let env = env().await;
+    let client = db::Database::parse(&env.db.url)
+        .unwrap()
+        .connect_with(&outbox_relay::storage::prune_connect_options())
+        .await
+        .unwrap();
+    let show = |name: &'static str| {
+        let client = &client;
+        async move {
+            let row = client.query_one(&format!("SHOW {name}"), &[]).await.unwrap();
+            row.get::<_, String>(0)
+        }
+    };
+    assert_eq!(show("synchronous_commit").await, "off");
+    assert_eq!(show("statement_timeout").await, "1min");
+    assert_eq!(show("application_name").await, "outbox-relay-prune");
+}
+
 /// `dead requeue` without a row names both ways to name rows, as a usage
 /// error with the `--help` to read.
 #[test]
