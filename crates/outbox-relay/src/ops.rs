@@ -223,7 +223,7 @@ pub async fn stats(database: &db::Database, json: bool) -> anyhow::Result<()> {
     let stats = Stats {
         by_status_and_kind,
         pending: backlog.pending,
-        due: backlog.due,
+        due: storage::backlog_due(&client).await?,
         dead: backlog.dead,
         oldest_pending_age_seconds: (backlog.pending > 0).then_some(backlog.oldest_pending_age_seconds),
     };

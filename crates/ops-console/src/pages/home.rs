@@ -1,6 +1,7 @@
-//! The backlog at a glance: the relay's gauges (due, pending, the age of the
-//! next in line, dead) and the unmatched payments (how many, the oldest),
-//! read by the same bounded statements as the gauges.
+//! The backlog at a glance: the relay's gauges (pending, the age of the next
+//! in line, dead) and the rows due now, and the unmatched payments (how
+//! many, the oldest), read by the same bounded statements as the gauges and
+//! `outbox-relay stats`.
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -29,11 +30,12 @@ pub async fn backlog(state: web::Data<State>, req: HttpRequest) -> HttpResponse 
     let read = async {
         let client = state.pool.get().await?;
         let outbox = outbox_relay::storage::backlog(&client).await?;
+        let due = outbox_relay::storage::backlog_due(&client).await?;
         let now = time::OffsetDateTime::now_utc();
         let unmatched = webhook_ingest::storage::unmatched_backlog(&client, now, CAP).await?;
-        anyhow::Ok((outbox, unmatched, now))
+        anyhow::Ok((outbox, due, unmatched, now))
     };
-    let (outbox, unmatched, now) = match read.await {
+    let (outbox, due, unmatched, now) = match read.await {
         Ok(read) => read,
         Err(e) => return db_error(&session, &format!("{e:#}")),
     };
@@ -43,7 +45,7 @@ pub async fn backlog(state: web::Data<State>, req: HttpRequest) -> HttpResponse 
     let body = format!(
         r#"{outbox}{unmatched}<p>Search above for one event's story, or triage the <a href="/dead">dead letters</a> and the <a href="/unmatched">unmatched payments</a>.</p>"#,
         outbox = html::facts(&[
-            ("Commands due now", counted(outbox.due)),
+            ("Commands due now", counted(due)),
             ("Commands pending", counted(outbox.pending)),
             ("Next in line waiting for", age(outbox.oldest_pending_age_seconds)),
             ("Dead letters", format!("<a href=\"/dead\">{}</a>", outbox.dead)),

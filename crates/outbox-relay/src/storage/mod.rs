@@ -49,7 +49,7 @@ pub mod dead;
 pub mod prune;
 
 pub use audit::{Audit, audit};
-pub use backlog::{Backlog, COUNT_DUE, StatusKindCount, backlog, counts_by_status_and_kind};
+pub use backlog::{Backlog, COUNT_DUE, StatusKindCount, backlog, backlog_due, counts_by_status_and_kind};
 pub use claim::{ClaimedRow, claim_due_batch, still_pending};
 pub use columns::{RowKind, Status};
 pub use complete::{Recorded, RowVerdict, Verdict, record_verdicts};
@@ -71,6 +71,7 @@ pub const STATEMENTS: &[&Sql] = &[
     &claim::STILL_PENDING,
     &complete::COMPLETE,
     &backlog::BACKLOG,
+    &backlog::BACKLOG_DUE,
     &backlog::COUNTS_BY_STATUS_AND_KIND,
     &COUNT_DUE,
     &dead::DEAD_ROWS,
@@ -91,6 +92,7 @@ pub const STATEMENTS: &[&Sql] = &[
 /// requeue and discard.
 pub const CONSOLE_STATEMENTS: &[&Sql] = &[
     &backlog::BACKLOG,
+    &backlog::BACKLOG_DUE,
     &dead::DEAD_ROWS,
     &dead::REQUEUE_DEAD,
     &dead::OUTBOX_ROW,

@@ -19,14 +19,19 @@ async fn stats_count_by_status_and_kind() {
         .batch_execute(
             "UPDATE outbox SET status = 'done', finished_at = now() WHERE order_id IN (1, 2) AND kind = 'ship_order';
              UPDATE outbox SET status = 'dead', finished_at = now(), last_error = 'HTTP 400' WHERE order_id = 3;
-             UPDATE outbox SET created_at = now() - interval '90 seconds' WHERE order_id = 4;",
+             UPDATE outbox SET created_at = now() - interval '90 seconds' WHERE order_id = 4;
+             UPDATE outbox SET available_at = now() + interval '1 hour' WHERE order_id = 5;
+             UPDATE outbox SET lease_owner = 'relay-x', leased_until = now() + interval '1 minute'
+              WHERE kind = 'send_confirmation';",
         )
         .await
         .unwrap();
     let (ok, out, err) = relay_cli(&env.relay_url, &["stats", "--json"]);
     assert!(ok, "{err}");
     let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    // Pending: one due, one waiting to retry, one leased.
     assert_eq!(v["pending"], 3);
+    assert_eq!(v["due"], 1);
     assert_eq!(v["dead"], 1);
     let age = v["oldest_pending_age_seconds"].as_f64().unwrap();
     assert!((89.0..120.0).contains(&age), "{age}");
@@ -44,6 +49,7 @@ async fn stats_count_by_status_and_kind() {
     assert_eq!(find("pending", "send_confirmation"), Some(1));
     let (ok, table, _) = relay_cli(&env.relay_url, &["stats"]);
     assert!(ok && table.contains("oldest pending: 9"), "{table}");
+    assert!(table.contains("pending: 3 (due now: 1)"), "{table}");
 }
 
 /// With nothing recorded, the commands say so: no age of a row that does not

@@ -37,6 +37,12 @@ async fn the_relays_statements_probe_indexes_on_a_fresh_database() {
             "outbox_due_idx",
         ),
         (
+            "backlog_due",
+            include_str!("../../src/storage/backlog_due.sql"),
+            "",
+            "outbox_due_idx",
+        ),
+        (
             "prune_outbox",
             include_str!("../../src/storage/prune_outbox.sql"),
             "7, 1000, 1",

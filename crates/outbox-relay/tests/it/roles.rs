@@ -179,6 +179,7 @@ async fn exercise_relay(
         .collect();
     storage::record_verdicts(&client, &owner, &verdicts).await?;
     storage::backlog(&client).await?;
+    storage::backlog_due(&client).await?;
     admin
         .execute(
             "INSERT INTO outbox (kind, payload, idempotency_key, event_id, order_id, status, last_error)
