@@ -27,7 +27,7 @@ async fn make_run_replays_the_incident_with_no_double_effect() {
             "RELAY_ADMIN_LISTEN_ADDR",
             format!("127.0.0.1:{}", testkit::free_port()),
         );
-    let (status, stdout, stderr) = kept_then_interrupted(run);
+    let (status, stdout, stderr) = kept_then_interrupted(run, &dir);
     // Ctrl-C ends a kept run with the audit's result (0 here), not 130, and
     // stops everything it started.
     assert!(status.success(), "run.sh failed:\n{stdout}\n{stderr}");
@@ -114,9 +114,16 @@ async fn make_run_replays_the_incident_with_no_double_effect() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// How long `make run`'s short mode may take to print its hints: it takes
+/// well under a minute; a run stuck past this is stopped and its logs shown,
+/// rather than left to the test runner's timeout, which shows nothing.
+const HINTS_WITHIN: std::time::Duration = std::time::Duration::from_secs(180);
+
 /// Runs `run` (RUN_KEEP=1) until it has printed its hints, then sends it
-/// SIGINT, as Ctrl-C does: its exit status, stdout and stderr.
-fn kept_then_interrupted(mut run: Command) -> (ExitStatus, String, String) {
+/// SIGINT, as Ctrl-C does: its exit status, stdout and stderr. A run that has
+/// not printed them within [`HINTS_WITHIN`] is interrupted and the test fails
+/// with what it printed and the tails of its services' logs (in `dir`).
+fn kept_then_interrupted(mut run: Command, dir: &std::path::Path) -> (ExitStatus, String, String) {
     let mut child = run.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     let mut out = child.stdout.take().unwrap();
     let stdout = std::thread::spawn(move || {
@@ -125,24 +132,58 @@ fn kept_then_interrupted(mut run: Command) -> (ExitStatus, String, String) {
         text
     });
     let mut err = BufReader::new(child.stderr.take().unwrap());
-    let mut stderr = String::new();
-    // The hints' last line, not "still serving" above them: a Ctrl-C between
-    // the two ends the run before the hints (seen in CI: no `export
-    // DATABASE_URL=` in stderr).
-    while !stderr.contains("# the relay's") {
-        if err.read_line(&mut stderr).unwrap() == 0 {
-            break; // it ended without keeping the stack: the caller's asserts say why
+    let (lines, hints) = std::sync::mpsc::channel();
+    let stderr = std::thread::spawn(move || {
+        let mut text = String::new();
+        // The hints' last line, not "still serving" above them: a Ctrl-C
+        // between the two ends the run before the hints (seen in CI: no
+        // `export DATABASE_URL=` in stderr).
+        while !text.contains("# the relay's") {
+            if err.read_line(&mut text).unwrap() == 0 {
+                break; // it ended without keeping the stack: the caller's asserts say why
+            }
         }
-    }
+        let _ = lines.send(());
+        err.read_to_string(&mut text).unwrap();
+        text
+    });
+    let in_time = hints.recv_timeout(HINTS_WITHIN).is_ok();
     // A child that has ended but is not yet waited for still takes a signal.
     let interrupted = Command::new("kill")
         .args(["-INT", &child.id().to_string()])
         .status()
         .unwrap();
     assert!(interrupted.success());
-    err.read_to_string(&mut stderr).unwrap();
+    // Bash runs its trap once the command in the foreground returns: a
+    // minute at most here; then it is killed.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let _ = child.kill();
     let status = child.wait().unwrap();
-    (status, stdout.join().unwrap(), stderr)
+    let (stdout, stderr) = (stdout.join().unwrap(), stderr.join().unwrap());
+    assert!(
+        in_time,
+        "make run printed no hints within {HINTS_WITHIN:?}; stopped.\nstdout:\n{stdout}\nstderr:\n{stderr}\n{}",
+        ["ingest.log", "relay.log", "downstream.log"]
+            .iter()
+            .map(|log| format!("{log} (last lines):\n{}", tail(&dir.join(log), 20)))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    (status, stdout, stderr)
+}
+
+/// The last `n` lines of a file, or why there are none.
+fn tail(path: &std::path::Path, n: usize) -> String {
+    match std::fs::read_to_string(path) {
+        Ok(text) => {
+            let lines: Vec<&str> = text.lines().collect();
+            lines[lines.len().saturating_sub(n)..].join("\n")
+        }
+        Err(e) => format!("({e})"),
+    }
 }
 
 fn cancelled(audit: &serde_json::Value, kind: &str) -> i64 {
