@@ -3,7 +3,8 @@
 -- show beside the gauges. Apart from `backlog.sql` because no gauge shows it
 -- and each row it counts is read from the heap (its lease is not in the
 -- index): in the gauges it was half their cost over a backlog, on every
--- relay every 5 s. No parameters.
+-- relay every 5 s. Not `sql/count_due.sql`, the autoscaler's: that one counts
+-- every due row, however many. No parameters.
 SELECT count(*) AS due FROM (
   SELECT 1 FROM public.outbox
    WHERE status = 'pending' AND available_at <= now()
