@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import threading
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from ports import free_port  # noqa: F401 (the phases take it from here)
 
 from .config import LOGS, PRODUCT_VARS, BenchError
 
@@ -93,12 +94,6 @@ def run_cmd(name: str, args: list, timeout: float, env: dict | None = None, cwd=
     if check and p.returncode != 0:
         raise BenchError(f"{name} exited {p.returncode}: {(err or out).strip()[-2000:]}")
     return p.returncode, out, err
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:

@@ -7,13 +7,13 @@ from __future__ import annotations
 import copy
 import http.client
 import json
-import socket
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+from ports import free_port
 
 from .manifests import Render, SmokeFailure
 
@@ -65,12 +65,6 @@ class Probe:
 
     def __str__(self) -> str:
         return f"GET :{self.port}{self.path}, timeout {self.timeout} s"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Workload:
