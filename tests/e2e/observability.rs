@@ -780,6 +780,18 @@ async fn logs_carry_the_event_and_trace_ids_and_no_secret() {
     assert_eq!(retry["attempt"], 1);
     assert_eq!(retry["kind"], "ship_order");
     assert!(retry["outbox_id"].is_i64() && retry["duration_ms"].is_number());
+    // Lines are written in batches (process::logs::FLUSH_EVERY), and a
+    // service that stops writes those it still holds: the relay's last line,
+    // logged as it returns, is there.
+    let last = relay_log
+        .lines()
+        .last()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap());
+    assert_eq!(
+        last.as_ref().and_then(|v| v["message"].as_str()),
+        Some("outbox-relay stopped: in-flight calls recorded, unstarted rows released"),
+        "the relay's last line"
+    );
     // The relay runs on one thread (process::runtime), the ingest on a
     // worker per CPU: each says so when its runtime starts.
     let runtime_threads = |log: &str| {

@@ -109,7 +109,7 @@ fn failed(session: &Session, action: &str, target: &str, error: &anyhow::Error) 
 }
 
 macro_rules! audit {
-    ($session:expr, $action:expr, $target:expr, $reason:expr, $outcome:expr) => {
+    ($session:expr, $action:expr, $target:expr, $reason:expr, $outcome:expr) => {{
         tracing::info!(
             operator = %$session.operator,
             action = $action,
@@ -117,8 +117,10 @@ macro_rules! audit {
             reason = $reason,
             outcome = $outcome,
             "console action"
-        )
-    };
+        );
+        // The audit record is out before the answer.
+        process::logs::flush();
+    }};
 }
 
 pub async fn requeue_one(

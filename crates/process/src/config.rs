@@ -85,6 +85,7 @@ fn command_path(command: &clap::Command, argv: &[String]) -> String {
 /// Prints `program: configuration error: message` and exits
 /// [`crate::exit::CONFIGURATION`].
 pub fn config_error(program: &str, message: &str) -> ! {
+    crate::logs::flush();
     eprintln!("{program}: configuration error: {message}");
     std::process::exit(crate::exit::CONFIGURATION.into())
 }

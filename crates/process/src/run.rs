@@ -14,7 +14,7 @@ use anyhow::Context as _;
 
 use crate::args::LogArgs;
 use crate::runtime::{self, Threads};
-use crate::{config_error, exit, traces};
+use crate::{config_error, exit, logs, traces};
 
 /// Runs `work` on `threads` with logs and traces installed for `program`
 /// (its OTLP `service.name`), flushing the spans once it returned.
@@ -25,6 +25,8 @@ where
     // Telemetry lives outside the runtime: its exporter is flushed after the
     // runtime is gone, with a blocking client.
     let telemetry = traces::init(program, log.log_format).unwrap_or_else(|e| config_error(program, &e));
+    // The log lines still held are written last, even if `work` panics.
+    let _flush = logs::FlushOnDrop;
     let result = block_on(work, threads, true);
     telemetry.shutdown();
     exit::from_result(program, result)
