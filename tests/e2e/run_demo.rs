@@ -2,6 +2,7 @@
 //! kept serving (`RUN_KEEP=1`), then stopped as a user stops it, with Ctrl-C.
 
 use std::io::{BufRead as _, BufReader, Read as _};
+use std::os::unix::process::CommandExt as _;
 use std::process::{Command, ExitStatus, Stdio};
 
 use testkit::TestDb;
@@ -124,7 +125,15 @@ const HINTS_WITHIN: std::time::Duration = std::time::Duration::from_secs(180);
 /// not printed them within [`HINTS_WITHIN`] is interrupted and the test fails
 /// with what it printed and the tails of its services' logs (in `dir`).
 fn kept_then_interrupted(mut run: Command, dir: &std::path::Path) -> (ExitStatus, String, String) {
-    let mut child = run.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    // A group of its own: the services it started hold its stdout and
+    // stderr too, so a run killed below is killed with them, or reading its
+    // output would wait for them for ever.
+    let mut child = run
+        .process_group(0)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     let mut out = child.stdout.take().unwrap();
     let stdout = std::thread::spawn(move || {
         let mut text = String::new();
@@ -160,7 +169,9 @@ fn kept_then_interrupted(mut run: Command, dir: &std::path::Path) -> (ExitStatus
     while child.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
-    let _ = child.kill();
+    let _ = Command::new("kill")
+        .args(["-KILL", &format!("-{}", child.id())])
+        .status();
     let status = child.wait().unwrap();
     let (stdout, stderr) = (stdout.join().unwrap(), stderr.join().unwrap());
     assert!(
