@@ -230,7 +230,8 @@ const HELD_BYTES: usize = 1 << 20;
 /// (whole, so lines never interleave) and a thread writes the buffer every
 /// [`FLUSH_EVERY`]: a busy service (a line per webhook, a line per
 /// downstream call) makes one `write` per batch of lines rather than one per
-/// line, which cost the relay about a sixth of its CPU per row. A line waits
+/// line (about a microsecond a line on the bench's host, of the 5 to 6 a
+/// relay's line cost in all: docs/BENCHMARK.md). A line waits
 /// 10 ms at most; a warning or an error is written at once (with what came
 /// before it), and [`flush`] writes what is left when the service stops or
 /// when a line must be out before an answer (the console's audit lines); a
