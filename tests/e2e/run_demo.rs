@@ -169,8 +169,10 @@ fn kept_then_interrupted(mut run: Command, dir: &std::path::Path) -> (ExitStatus
     while child.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
+    // `--` before the group: without it procps-ng's kill takes `-12345` for
+    // `-1` (its first digit), and SIGKILLs every process root may signal.
     let _ = Command::new("kill")
-        .args(["-KILL", &format!("-{}", child.id())])
+        .args(["-s", "KILL", "--", &format!("-{}", child.id())])
         .status();
     let status = child.wait().unwrap();
     let (stdout, stderr) = (stdout.join().unwrap(), stderr.join().unwrap());
