@@ -13,8 +13,6 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from ports import free_port  # noqa: F401 (the phases take it from here)
-
 from .config import LOGS, PRODUCT_VARS, BenchError
 
 

@@ -11,7 +11,9 @@ import subprocess
 import threading
 import time
 
-from .common import PROCS, clean_env, free_port, http_get, http_post, proc_cpu_secs, rss_mib, wait_ready
+from ports import free_port
+
+from .common import PROCS, clean_env, http_get, http_post, proc_cpu_secs, rss_mib, wait_ready
 from .config import BIN, LOGS, SECRET, BenchError, log
 from .db import Db, Product
 

@@ -240,8 +240,10 @@ const HELD_BYTES: usize = 1 << 20;
 /// itself, as every line was written before.
 struct Sink {
     lines: Mutex<Vec<u8>>,
-    /// Held while a batch is taken and written, so batches keep their order.
-    writing: Mutex<()>,
+    /// The batch being written: held while a batch is taken and written, so
+    /// batches keep their order; swapped with `lines` and cleared, so neither
+    /// buffer is allocated again.
+    writing: Mutex<Vec<u8>>,
     /// Whether the writer thread runs (else each line is written at once).
     background: AtomicBool,
 }
@@ -252,7 +254,7 @@ fn sink() -> &'static Sink {
     SINK.get_or_init(|| {
         let sink: &'static Sink = Box::leak(Box::new(Sink {
             lines: Mutex::new(Vec::with_capacity(64 * 1024)),
-            writing: Mutex::new(()),
+            writing: Mutex::new(Vec::with_capacity(64 * 1024)),
             background: AtomicBool::new(false),
         }));
         let spawned = std::thread::Builder::new().name("log-writer".into()).spawn(|| {
@@ -279,17 +281,18 @@ impl Sink {
     }
 
     fn write_held(&self) {
-        let _writing = self.writing.lock().unwrap_or_else(|e| e.into_inner());
-        let batch = {
+        let mut batch = self.writing.lock().unwrap_or_else(|e| e.into_inner());
+        {
             let mut lines = self.lines.lock().unwrap_or_else(|e| e.into_inner());
             if lines.is_empty() {
                 return;
             }
-            std::mem::replace(&mut *lines, Vec::with_capacity(64 * 1024))
-        };
+            std::mem::swap(&mut *lines, &mut *batch);
+        }
         let mut out = std::io::stdout().lock();
         let _ = out.write_all(&batch);
         let _ = out.flush();
+        batch.clear();
     }
 }
 
