@@ -1,34 +1,20 @@
 #!/usr/bin/env bash
-# `make run`: the incident, replayed end to end on loopback.
+# `make run`: the incident, replayed end to end on loopback. Postgres (a
+# throwaway cluster unless DATABASE_URL is set), migrated and seeded with
+# orders; the simulated downstream APIs, webhook-ingest and outbox-relay; a
+# payment provider sending events with duplicates and bursts; a degraded
+# carrier slower than the provider's timeout (the trigger), then a database
+# stall that makes the provider retry requests that had succeeded (the
+# mechanism). Ends with `simulator audit`, the downstream's records against
+# the database in totals (every command had exactly one effect) and per
+# order; RESULT: FAILED and exit 1 unless both hold.
 #
-# Starts Postgres (a throwaway cluster unless DATABASE_URL is set), migrates,
-# seeds orders, starts the simulated downstream APIs, webhook-ingest and
-# outbox-relay, then plays a payment provider sending a few thousand events:
-#   - spontaneous duplicate deliveries and concurrent duplicate bursts;
-#   - a degraded carrier: the fulfilment API slower than the provider's
-#     timeout (the incident's trigger), absorbed by the relay's retries;
-#   - a database stall that makes the ingest slower than the provider's
-#     timeout for a moment: the provider gives up and retries requests that
-#     had succeeded (the incident's mechanism), and gets the original answer;
-# and ends with the audit (simulator audit): the downstream simulator's own
-# records against the database, in totals (every command in the outbox had
-# exactly one effect: none pending or dead, double effects 0) and per order
-# (each order's shipments, confirmation and refund notice, from its records of
-# every call). Both must hold (RESULT: FAILED and exit 1 otherwise).
-#
-# Settings (environment):
-#   RUN_EVENTS=3000              events the provider sends
-#   RUN_RATE=150                 events per second (open loop)
-#   RUN_DUPLICATE_RATE=0.1       share of events the provider delivers twice on its own
-#   RUN_CARRIER_LATENCY_MS=p50:1500,p99:4000   the degraded carrier's latency
-#   RUN_DEGRADED_SECS=10         how long the carrier stays degraded
-#   RUN_STALL_SECS=2             how long the database stalls (0: no stall)
-#   RUN_DIR=target/run           logs, acknowledgements and the audit (JSON)
-#   RUN_KEEP=0                   1: after the audit, keep everything serving
-#                                until Ctrl-C (send webhooks by hand with
-#                                simulator send)
-#   BIN_DIR=target/release       where the binaries are
-#   INGEST_LISTEN_ADDR, ADMIN_LISTEN_ADDR (ingest), RELAY_ADMIN_LISTEN_ADDR
+# Environment: RUN_EVENTS=3000, RUN_RATE=150 (events/s, open loop),
+# RUN_DUPLICATE_RATE=0.1, RUN_CARRIER_LATENCY_MS=p50:1500,p99:4000,
+# RUN_DEGRADED_SECS=10, RUN_STALL_SECS=2 (0: none), RUN_DIR=target/run (logs
+# and JSON), RUN_KEEP=1 (keep serving after the audit until Ctrl-C),
+# BIN_DIR=target/release, INGEST_LISTEN_ADDR, ADMIN_LISTEN_ADDR (ingest),
+# RELAY_ADMIN_LISTEN_ADDR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -61,6 +47,7 @@ else
 fi
 
 pids=()
+# shellcheck disable=SC2317 # run by the traps
 cleanup() {
   trap - INT TERM EXIT
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
@@ -82,7 +69,8 @@ export DATABASE_URL
 "$bin/webhook-ingest" migrate
 # Orders $1 .. $2, unpaid, with payment ids pay_$1 .. pay_$2.
 seed_orders() {
-  psql "$DATABASE_URL" -qc "INSERT INTO orders (id, payment_id) SELECT n, 'pay_' || n FROM generate_series($1, $2) n ON CONFLICT DO NOTHING"
+  psql "$DATABASE_URL" -qc "INSERT INTO orders (id, payment_id)
+    SELECT n, 'pay_' || n FROM generate_series($1, $2) n ON CONFLICT DO NOTHING"
 }
 seed_orders 1 "$events"
 say "seeded orders pay_1 .. pay_$events"
@@ -91,7 +79,11 @@ say "seeded orders pay_1 .. pay_$events"
 pids+=($!)
 # Generous: on a loaded machine (a build beside it) the first start can take seconds.
 for _ in $(seq 600); do [ -s "$dir/downstream.out" ] && break; sleep 0.05; done
-[ -s "$dir/downstream.out" ] || { say "the downstream did not start; its log:"; tail -n 20 "$dir/downstream.log" >&2; exit 1; }
+if [ ! -s "$dir/downstream.out" ]; then
+  say "the downstream did not start; its log:"
+  tail -n 20 "$dir/downstream.log" >&2
+  exit 1
+fi
 downstream=http://$(sed -n 's/.*"listening":"\([^"]*\)".*/\1/p' "$dir/downstream.out" | head -1)
 say "downstream APIs (fulfilment, email) on $downstream"
 
@@ -116,10 +108,9 @@ ready "$ingest_admin" webhook-ingest "$dir/ingest.log"
 ready "$relay_admin" outbox-relay "$dir/relay.log"
 say "webhook-ingest on http://$ingest_addr, outbox-relay running (logs in $dir)"
 
-# The timeline, beside the provider's load.
-duration=$(awk -v e="$events" -v r="$rate" 'BEGIN { printf "%.1f", e / r }')
-degrade_at=$(awk -v d="$duration" 'BEGIN { printf "%.1f", d * 0.25 }')
-stall_at=$(awk -v d="$duration" 'BEGIN { printf "%.1f", d * 0.4 }')
+# The timeline, beside the provider's load: a quarter, then 40 % of the way.
+degrade_at=$(awk -v e="$events" -v r="$rate" 'BEGIN { printf "%.1f", e / r * 0.25 }')
+stall_at=$(awk -v e="$events" -v r="$rate" 'BEGIN { printf "%.1f", e / r * 0.4 }')
 (
   sleep "$degrade_at"
   say "carrier degraded: latency $carrier, above the provider's 1 s timeout (the incident's trigger)"
@@ -141,15 +132,13 @@ if [ "$stall" != 0 ]; then
 fi
 
 say "provider: $events events at $rate/s, ${dup} duplicates, bursts, refunds, a 1 s timeout with retries"
-set +e
+provider_status=0
 "$bin/simulator" provider --target "http://$ingest_addr" --secret "$secret" \
   --rate "$rate" --events "$events" --orders "$events" \
   --duplicate-rate "$dup" --late-duplicate-rate 0.2 --late-delay-ms 1000 \
   --burst-rate 0.02 --burst-size 5 --refund-rate 0.02 --unmatched-rate 0.01 --unknown-rate 0.01 \
   --timeout-ms 1000 --give-up-after-ms 60000 \
-  --ack-file "$dir/acks.jsonl" --json >"$dir/provider.json"
-provider_status=$?
-set -e
+  --ack-file "$dir/acks.jsonl" --json >"$dir/provider.json" || provider_status=$?
 [ "$provider_status" = 0 ] || say "the provider did not get a 2xx for every event (exit $provider_status)"
 
 say "waiting for the relay to drain the outbox"
@@ -175,41 +164,34 @@ try:
     audit = json.load(open(sys.argv[1]))
 except (OSError, ValueError):
     audit = None
-problems = []
-if provider["acknowledged"] != provider["events"]:
-    problems.append(f"{provider['events'] - provider['acknowledged']} events never acknowledged")
+events, acked = provider["events"], provider["acknowledged"]
+problems = [] if acked == events else [f"{events - acked} events never acknowledged"]
 if audit is None:
     problems.append(f"the audit did not run (simulator audit exit {sys.argv[3]})")
 else:
+    # Double effects are among exactly_once's problems (the same downstream counter).
     problems += audit["exactly_once"]["problems"]
-    # Double effects are among the problems above, from the same downstream counter.
-    for f in audit["findings"]:
-        if f["count"] and f["rule"] != "double_effects":
-            ids = " ".join(map(str, f["examples"]))
-            problems.append(f"{f['count']} {f['title']} (orders {ids})")
-acked = "every one acknowledged" if provider["acknowledged"] == provider["events"] else \
-    f"{provider['acknowledged']} of them acknowledged"
-print(f"provider: {provider['events']} events, {acked}; {provider['deliveries']} deliveries "
+    problems += [f"{f['count']} {f['title']} (orders {' '.join(map(str, f['examples']))})"
+                 for f in audit["findings"] if f["count"] and f["rule"] != "double_effects"]
+acked_text = "every one acknowledged" if acked == events else f"{acked} of them acknowledged"
+print(f"provider: {events} events, {acked_text}; {provider['deliveries']} deliveries "
       f"({provider['duplicate_deliveries']} sent as duplicates, {provider['burst_deliveries']} in bursts, "
       f"{provider['retries']} retries)")
 if audit is not None:
-    # The provider's deliveries against the database's, line by line: a
-    # refused or shed delivery writes no row, and a delivery the provider
-    # stopped waiting for may still have been recorded.
+    # The provider's deliveries against the database's: a refused or shed
+    # delivery writes no row; one the provider stopped waiting for may have.
     answers = {int(code): n for code, n in provider["status_counts"].items()}
     ok = sum(n for code, n in answers.items() if 200 <= code < 300)
-    refused = {code: n for code, n in answers.items() if code >= 300}
-    received = audit["deliveries"]
-    distinct = audit["distinct_events"]
+    received, distinct = audit["deliveries"], audit["distinct_events"]
     late = received - ok
     rows = [("sent by the provider", provider["deliveries"], "")]
-    rows += [(f"answered {code}", -n, "nothing recorded" + (": shed or past the deadline, retried" if code == 503 else ""))
-             for code, n in sorted(refused.items())]
+    rows += [(f"answered {code}", -n, "nothing recorded" + ": shed or past the deadline, retried" * (code == 503))
+             for code, n in sorted(answers.items()) if code >= 300]
     if provider["connection_errors"]:
         rows.append(("connection errors", -provider["connection_errors"], "nothing recorded"))
-    rows.append(("timed out at the provider", -provider["timeouts"], ""))
-    rows.append(("  of which the ingest recorded", late, "it finished after the provider stopped waiting"))
-    rows.append(("received by the database", received, "the audit's deliveries: every one that reached its event's row"))
+    rows += [("timed out at the provider", -provider["timeouts"], ""),
+             ("  of which the ingest recorded", late, "it finished after the provider stopped waiting"),
+             ("received by the database", received, "every delivery that reached its event's row")]
     print("deliveries, the provider's count against the database's:")
     for label, n, why in rows:
         print(f"  {label:<32} {n:>8,}" + (f"  {why}" if why else ""))
@@ -232,7 +214,8 @@ if [ "$keep" = 1 ]; then
   echo
   say "RUN_KEEP=1: still serving until Ctrl-C; orders pay_$first .. pay_$last are new and unpaid. Try:"
   cat >&2 <<HINTS
-  export DATABASE_URL='$DATABASE_URL' INGEST=$ingest_addr DOWNSTREAM=${downstream#http://} PROVIDER_SECRET=$secret PATH=$bin:\$PATH
+  export DATABASE_URL='$DATABASE_URL' INGEST=$ingest_addr DOWNSTREAM=${downstream#http://} \\
+    PROVIDER_SECRET=$secret PATH=$bin:\$PATH
   PROVIDER_SECRET=$secret $bin/simulator send pay_$first --target http://$ingest_addr
   curl -s $downstream/stats         # requests and effects per idempotency key
   DATABASE_URL=$DATABASE_URL $bin/outbox-relay stats

@@ -1,19 +1,14 @@
-"""Schemathesis hooks for docs/openapi.yaml against a live webhook-ingest.
+"""Schemathesis hooks for docs/openapi.yaml against a live webhook-ingest
+(crates/webhook-ingest/tests/it/openapi.rs, through SCHEMATHESIS_HOOKS).
 
-Loaded by crates/webhook-ingest/tests/it/openapi.rs through SCHEMATHESIS_HOOKS.
 Generated requests would all stop at the signature check (401), so most are
-signed here with the ingest's secret, the way a provider signs, over the
-exact bytes sent; some are steered to the test's seeded orders or resent as
-they were (to reach every `status` and the replay header), some are sent too
-large, and the rest go unsigned or badly signed, so the 401s and the 413 are
-checked against the document too. The admin endpoints' text bodies are
-decoded, so they are checked too (schemathesis checks only JSON by itself).
-
-Environment (set by the test):
-  OPENAPI_SCHEME       `standard` or `stripe`: the ingest's WEBHOOK_SIGNATURE_SCHEME
-  OPENAPI_SECRET       one of its WEBHOOK_SECRETS
-  OPENAPI_PAYMENT_IDS  comma-separated payment ids of orders the test inserted
-  OPENAPI_HOOK_SEED    seed of the choices below (a run is reproducible)
+signed with the ingest's secret over the exact bytes sent, some steered to
+the test's seeded orders or resent (to reach every `status` and the replay
+header), some sent too large, the rest unsigned or badly signed (so the 401s
+and the 413 are checked too). The admin endpoints' text bodies are decoded,
+so they are checked as well. Environment, from the test: OPENAPI_SCHEME
+(`standard` or `stripe`), OPENAPI_SECRET, OPENAPI_PAYMENT_IDS (comma-
+separated) and OPENAPI_HOOK_SEED (a run is reproducible).
 """
 
 import base64
@@ -38,40 +33,26 @@ SECRET = os.environ.get("OPENAPI_SECRET", "")
 PAYMENT_IDS = [p for p in os.environ.get("OPENAPI_PAYMENT_IDS", "").split(",") if p]
 RANDOM = random.Random(int(os.environ.get("OPENAPI_HOOK_SEED", "1")))
 
-SIGNATURE_HEADERS = ("webhook-id", "webhook-timestamp", "webhook-signature", "Stripe-Signature")
+SIGNATURE_HEADERS = {"webhook-id", "webhook-timestamp", "webhook-signature", "stripe-signature"}
 
-# How a request is signed, and how often (weights).
-SIGNINGS = [
-    ("signed", 80),
-    ("unsigned", 6),
-    ("wrong_secret", 5),
-    ("stale", 5),
-    ("as_generated", 4),  # schemathesis's own header values: malformed, mostly
-]
-# What is done to a signed body first, and how often (weights).
-STEERS = [
-    ("as_generated", 40),
-    ("fresh_id", 15),  # a new `id` (generated ones repeat, and so replay)
-    ("seeded_order", 30),  # a payment or refund of an order the test inserted
-    ("resend", 12),  # an earlier signed body again: a redelivery
-    ("oversized", 3),
-]
+# How a request is signed, and how often; as_generated keeps schemathesis's
+# own header values (malformed, mostly).
+SIGNINGS = {"signed": 80, "unsigned": 6, "wrong_secret": 5, "stale": 5, "as_generated": 4}
+# What is done to a signed body first, and how often: a new `id` (generated
+# ones repeat, and so replay), a payment or refund of an order the test
+# inserted, an earlier signed body again (a redelivery), an oversized body.
+STEERS = {"as_generated": 40, "fresh_id": 15, "seeded_order": 30, "resend": 12, "oversized": 3}
 
 _fresh_ids = itertools.count(1)
 _sent = []  # bodies sent signed, to resend
 
 
 def _pick(weighted):
-    names = [name for name, _ in weighted]
-    weights = [weight for _, weight in weighted]
-    return RANDOM.choices(names, weights)[0]
+    return RANDOM.choices(list(weighted), list(weighted.values()))[0]
 
 
 def _key(secret):
-    if SCHEME == "standard":
-        encoded = secret[len("whsec_"):] if secret.startswith("whsec_") else secret
-        return base64.b64decode(encoded)
-    return secret.encode()
+    return base64.b64decode(secret.removeprefix("whsec_")) if SCHEME == "standard" else secret.encode()
 
 
 def _signature_headers(raw, secret, timestamp):
@@ -81,11 +62,8 @@ def _signature_headers(raw, secret, timestamp):
     if SCHEME == "standard":
         msg_id = f"msg_{next(_fresh_ids)}"
         tag = hmac.new(key, f"{msg_id}.{ts}.".encode() + raw, hashlib.sha256).digest()
-        return {
-            "webhook-id": msg_id,
-            "webhook-timestamp": ts,
-            "webhook-signature": "v1," + base64.b64encode(tag).decode(),
-        }
+        signature = "v1," + base64.b64encode(tag).decode()
+        return {"webhook-id": msg_id, "webhook-timestamp": ts, "webhook-signature": signature}
     tag = hmac.new(key, f"{ts}.".encode() + raw, hashlib.sha256).hexdigest()
     return {"Stripe-Signature": f"t={ts},v1={tag}"}
 
@@ -104,9 +82,7 @@ def _serialize(body):
 def _steer(case):
     """Changes `case.body` (a signed one) as STEERS says; returns the bytes to send, or None."""
     steer = _pick(STEERS)
-    if steer == "resend" and not _sent:
-        steer = "as_generated"
-    if steer == "resend":
+    if steer == "resend" and _sent:
         raw = RANDOM.choice(_sent)
         case.body = json.loads(raw)
         return raw
@@ -143,8 +119,7 @@ def before_call(context, case, kwargs):
     signing = _pick(SIGNINGS)
     if signing == "as_generated":
         return
-    headers = {k: v for k, v in (case.headers or {}).items() if k.lower() not in
-               {h.lower() for h in SIGNATURE_HEADERS}}
+    headers = {k: v for k, v in (case.headers or {}).items() if k.lower() not in SIGNATURE_HEADERS}
     raw = None
     if signing == "signed":
         raw = _steer(case)
