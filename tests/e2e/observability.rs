@@ -211,14 +211,14 @@ fn the_relays_statements_are_roots_naming_their_table(all: &[ReceivedSpan], stac
             .map(|s| s.int("db.response.returned_rows").unwrap())
             .sum()
     };
-    // The first claim takes the shipment and the confirmation (woken by the
-    // ingest's NOTIFY); the shipment's retry is claimed by a traced claim,
-    // or at a poll tick after an empty one, which has no span.
+    // The shipment and the confirmation are claimed once each, the
+    // shipment's retry once more: at most three rows in traced claims. Any
+    // of those claims may be untraced: one made at a poll tick after an
+    // empty claim has no span, and the tick can fall between the ingest's
+    // commit and its NOTIFY reaching the relay (seen once: all three rows
+    // claimed so). The recordings below are always traced and count 3.
     let claimed = rows(&claims);
-    assert!(
-        (2..=3).contains(&claimed),
-        "{claimed} rows claimed in traced claims: {claims:#?}"
-    );
+    assert!(claimed <= 3, "{claimed} rows claimed in traced claims: {claims:#?}");
     // An idle relay's poll ticks send no claim span: of the empty claims,
     // only those after a NOTIFY or a claim that found rows have one (a
     // handful, where the seconds idle above alone held ten ticks, and the
