@@ -1,2 +1,0 @@
-"""deploy-check: the manifests under deploy/ rendered, validated and checked
-against the code. See __main__.py; run scripts/deploy-check.sh."""

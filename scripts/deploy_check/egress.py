@@ -1,123 +1,97 @@
-"""The NetworkPolicies' egress to PostgreSQL (5432) and HTTPS (443).
-
-Each overlay sets where the services may reach the database and the HTTPS
-APIs, as variables (its `network-egress` ConfigMap, copied into the policies
-by `replacements`). The base policies carry placeholders, not addresses, so a
-rendered policy is correct only with the overlay's values in place. Where the
-render runs the database itself on CloudNativePG (components/cnpg), the rule
-to 5432 names that Cluster's pods instead (`podSelector` on
-`cnpg.io/cluster: <a Cluster of the render>`, in the policy's namespace):
-cnpg.py checks the rest of it. A rule that reaches 5432 or 443 fails the
-check when it
-- has no `to` (any address, every namespace),
-- lists a namespace or pod selector instead of the configured range (other
-  than the pods of a Cluster of the render, for 5432 only),
-- has an ipBlock whose cidr is not an address range (a placeholder the
-  overlay did not replace), or
-- has an ipBlock of the whole address space (0.0.0.0/0, ::/0), or one that
-  holds the cloud metadata endpoint (169.254.169.254).
-"""
+"""NetworkPolicies: selectors, peers and ports as deploy-check reads them
+(for the console and the CloudNativePG Cluster too), and the egress to
+PostgreSQL (5432) and HTTPS (443): each overlay sets where the services may
+reach them, as variables (its `network-egress` ConfigMap, copied into the
+policies by `replacements`) in place of the base's placeholders."""
 
 from __future__ import annotations
 
 import ipaddress
+import json
 
-GUARDED = {5432: "PostgreSQL", 443: "HTTPS"}
-METADATA = ipaddress.ip_network("169.254.169.254/32")
+from .render import ident
 
-
-def _ports(rule: dict) -> set[int]:
-    """The guarded ports a rule opens: all of them when it lists no port (a
-    named port cannot be resolved offline and does not name these two)."""
-    ports = rule.get("ports") or []
-    if not ports:
-        return set(GUARDED)
-    out = set()
-    for p in ports:
-        port, end = p.get("port"), p.get("endPort")
-        if port is None:
-            return set(GUARDED)
-        if isinstance(port, int):
-            out |= {g for g in GUARDED if port <= g <= (end or port)}
-    return out
+GUARDED, METADATA = {5432: "PostgreSQL", 443: "HTTPS"}, ipaddress.ip_network("169.254.169.254/32")
 
 
-def _cluster_pods(peer: dict, guarded: set[int], clusters: set[str]) -> bool:
-    """A peer that is the pods of a CloudNativePG Cluster of the render, in the
-    policy's namespace, for PostgreSQL alone."""
-    selector = peer.get("podSelector") or {}
-    name = (selector.get("matchLabels") or {}).get("cnpg.io/cluster")
-    return (guarded == {5432} and set(peer) == {"podSelector"} and not selector.get("matchExpressions")
-            and name is not None and name in clusters)
+def selects(selector: dict | None, labels: dict | None) -> bool:
+    """A label selector matching labels: matchLabels only, as the manifests use (any other fails closed)."""
+    return selector is not None and set(selector) <= {"matchLabels"} and all(
+        (labels or {}).get(k) == v for k, v in (selector.get("matchLabels") or {}).items())
+
+
+def opens(rule: dict, port: int, name: str | None = None) -> bool:
+    """Whether a rule opens this port (by number, or the container port's name); one without ports opens all."""
+    return not rule.get("ports") or any(
+        p.get("port") is None or p.get("port") == name
+        or (isinstance(p.get("port"), int) and p["port"] <= port <= (p.get("endPort") or p["port"]))
+        for p in rule["ports"])
+
+
+def peer_admits(peer: dict, labels: dict, ns: str | None) -> bool:
+    """Whether a NetworkPolicy peer matches pods with these labels in the
+    namespace `ns` (the policy's own), or, ns None, in another namespace
+    whose labels are not known here (any namespaceSelector may name it).
+    An ipBlock is addresses, not pods: nothing to tell offline."""
+    namespace = ns is not None and "namespaceSelector" in peer
+    return "ipBlock" not in peer and ("namespaceSelector" in peer or ns is not None) and (
+        not namespace or selects(peer["namespaceSelector"], {"kubernetes.io/metadata.name": ns})) and (
+        "podSelector" not in peer or selects(peer["podSelector"], labels))
+
+
+def policies_selecting(objs: list[dict], ns: str | None, labels: dict, direction: str) -> list[dict]:
+    """The NetworkPolicies that select these pods for a direction (policyTypes
+    defaults to Ingress, plus Egress when the policy has egress rules)."""
+    return [p for p in objs if p.get("kind") == "NetworkPolicy" and p["metadata"].get("namespace") == ns
+            and selects(p["spec"].get("podSelector") or {}, labels)
+            and direction in (p["spec"].get("policyTypes") or ["Ingress"] + ["Egress"] * ("egress" in p["spec"]))]
 
 
 def check_egress(objs: list[dict]) -> list[str]:
+    """NetworkPolicies reach 5432 and 443 only at the overlay's configured ranges
+
+    For 5432 alone, the pods of a Cluster of the render may stand for the
+    range (cnpg.py checks those rules); a cidr that is no range is a
+    placeholder the overlay did not replace."""
     problems = []
     clusters = {(o["metadata"].get("namespace"), o["metadata"].get("name")) for o in objs
                 if (o.get("apiVersion"), o.get("kind")) == ("postgresql.cnpg.io/v1", "Cluster")}
-    for obj in objs:
-        if obj.get("kind") != "NetworkPolicy":
-            continue
-        name = f"NetworkPolicy {obj.get('metadata', {}).get('name')}"
-        for i, rule in enumerate(obj.get("spec", {}).get("egress") or []):
-            guarded = _ports(rule)
-            if not guarded:
-                continue
-            what = " and ".join(f"{GUARDED[p]} ({p})" for p in sorted(guarded))
-            where = f"{name}: egress[{i}] to {what}"
-            to = rule.get("to") or []
-            if not to:
+    for policy in [o for o in objs if o.get("kind") == "NetworkPolicy"]:
+        for i, rule in enumerate(policy["spec"].get("egress") or []):
+            guarded = {port for port in GUARDED if opens(rule, port)}
+            where = f"{ident(policy)}: egress[{i}] to " + " and ".join(f"{GUARDED[p]} ({p})" for p in sorted(guarded))
+            if guarded and not rule.get("to"):
                 problems.append(f"{where} allows any address: set the overlay's network-egress variable")
-                continue
-            namespace = obj.get("metadata", {}).get("namespace")
-            for peer in to:
-                block = peer.get("ipBlock")
-                if block is None:
-                    if not _cluster_pods(peer, guarded, {n for ns, n in clusters if ns == namespace}):
-                        problems.append(f"{where} has a selector, not the overlay's configured range"
-                                        + (" nor the pods of a CloudNativePG Cluster of the render" if 5432 in guarded else ""))
-                    continue
-                cidr = str(block.get("cidr", ""))
+            for peer in (rule.get("to") or []) if guarded else []:
+                cidr = str((peer.get("ipBlock") or {}).get("cidr", ""))
                 try:
-                    net = ipaddress.ip_network(cidr, strict=False)
+                    net = ipaddress.ip_network(cidr, strict=False) if "ipBlock" in peer else None
                 except ValueError:
-                    problems.append(f"{where}: cidr {cidr!r} is not an address range (the overlay's variable is not set)")
+                    problems.append(f"{where}: cidr {cidr!r} is no address range (the overlay's variable is not set)")
                     continue
-                if net.prefixlen == 0:
-                    problems.append(f"{where} allows {cidr} (the whole address space): narrow it in the overlay's network-egress")
-                elif net.version == 4 and net.overlaps(METADATA):
-                    problems.append(f"{where}: {cidr} holds the cloud metadata endpoint 169.254.169.254")
+                cluster = ((peer.get("podSelector") or {}).get("matchLabels") or {}).get("cnpg.io/cluster")
+                if net is None and not (guarded == {5432} and list(peer) == ["podSelector"] and (
+                        policy["metadata"].get("namespace"), cluster) in clusters):
+                    problems.append(f"{where} has a selector, not the overlay's range (nor, on 5432, a Cluster's pods)")
+                elif net is not None and (net.prefixlen == 0 or (net.version == 4 and net.overlaps(METADATA))):
+                    problems.append(f"{where} allows {cidr}: everything, or the cloud metadata endpoint; narrow it")
     return problems
 
 
 def breakages(objs: list[dict]) -> list[tuple[str, list[dict]]]:
-    """Broken copies of a render that passes: for its first NetworkPolicy
-    rule that reaches a guarded port through an ipBlock, that rule opened to
-    any address, to 0.0.0.0/0, to a placeholder the overlay left, to a
-    namespace selector, to the pods of a Cluster the render does not hold,
-    and to the metadata endpoint's range. Each copy must
-    fail `check_egress`, which is how deploy-check shows the check can fail."""
-    import copy
-
-    for p, obj in enumerate(objs):
-        if obj.get("kind") != "NetworkPolicy":
-            continue
-        for i, rule in enumerate(obj.get("spec", {}).get("egress") or []):
-            if not _ports(rule) or not any("ipBlock" in peer for peer in rule.get("to") or []):
-                continue
-            edits = {
-                "no `to`": lambda r: r.pop("to"),
-                "0.0.0.0/0": lambda r: r.__setitem__("to", [{"ipBlock": {"cidr": "0.0.0.0/0"}}]),
-                "a placeholder": lambda r: r.__setitem__("to", [{"ipBlock": {"cidr": "POSTGRES_CIDR"}}]),
-                "a namespace selector": lambda r: r.__setitem__("to", [{"namespaceSelector": {}}]),
-                "the pods of no Cluster": lambda r: r.__setitem__(
-                    "to", [{"podSelector": {"matchLabels": {"cnpg.io/cluster": "no-such-cluster"}}}]),
-                "169.254.0.0/16": lambda r: r.__setitem__("to", [{"ipBlock": {"cidr": "169.254.0.0/16"}}]),
-            }
-            out = []
-            for what, edit in edits.items():
-                broken = copy.deepcopy(objs)
-                edit(broken[p]["spec"]["egress"][i])
-                out.append((what, broken))
-            return out
+    """Broken copies of a render that passes, which check_egress must refuse:
+    its first rule to a guarded port through an ipBlock, opened to each of
+    these instead."""
+    for at, obj in enumerate(objs):
+        rules = [r for r in (obj.get("spec") or {}).get("egress") or [] if obj.get("kind") == "NetworkPolicy"
+                 and any(opens(r, port) for port in GUARDED) and any("ipBlock" in t for t in r.get("to") or [])]
+        if rules:
+            old = json.dumps({"to": rules[0]["to"]})[1:-1]
+            instead = {"no `to`": [], "0.0.0.0/0": [{"ipBlock": {"cidr": "0.0.0.0/0"}}],
+                       "a placeholder": [{"ipBlock": {"cidr": "POSTGRES_CIDR"}}],
+                       "a namespace selector": [{"namespaceSelector": {}}],
+                       "the pods of no Cluster": [{"podSelector": {"matchLabels": {"cnpg.io/cluster": "-"}}}],
+                       "169.254.0.0/16": [{"ipBlock": {"cidr": "169.254.0.0/16"}}]}
+            return [(what, objs[:at] + [json.loads(json.dumps(obj).replace(old, json.dumps({"to": to})[1:-1], 1))]
+                     + objs[at + 1:]) for what, to in instead.items()]
     return []

@@ -10,27 +10,15 @@ import sys
 import yaml
 
 
-def without_descriptions(value):
+def bare(value):
+    """Without the descriptions."""
     if isinstance(value, dict):
-        return {k: without_descriptions(v) for k, v in value.items() if k != "description"}
-    if isinstance(value, list):
-        return [without_descriptions(v) for v in value]
-    return value
+        return {k: bare(v) for k, v in value.items() if k != "description"}
+    return [bare(v) for v in value] if isinstance(value, list) else value
 
 
-def main() -> None:
-    version, source = sys.argv[1], sys.argv[2]
-    crd = yaml.safe_load(sys.stdin)
-    (served,) = [v for v in crd["spec"]["versions"] if v["name"] == version]
-    json.dump({
-        "group": crd["spec"]["group"],
-        "version": version,
-        "kind": crd["spec"]["names"]["kind"],
-        "source": source,
-        "openAPIV3Schema": without_descriptions(served["schema"]["openAPIV3Schema"]),
-    }, sys.stdout, indent=1, sort_keys=True)
-    sys.stdout.write("\n")
-
-
-if __name__ == "__main__":
-    main()
+version, source, crd = sys.argv[1], sys.argv[2], yaml.safe_load(sys.stdin)
+(served,) = [v for v in crd["spec"]["versions"] if v["name"] == version]
+json.dump({"group": crd["spec"]["group"], "version": version, "kind": crd["spec"]["names"]["kind"], "source": source,
+           "openAPIV3Schema": bare(served["schema"]["openAPIV3Schema"])}, sys.stdout, indent=1, sort_keys=True)
+print()
