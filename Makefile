@@ -120,7 +120,7 @@ db-url:
 db-stop:
 	@scripts/pg-cluster.sh stop
 
-## The benchmark (docs/BENCHMARK.md): report.{json,md} and plots in target/bench.
+## The benchmark (docs/BENCHMARK.md): report.{json,md} in target/bench.
 ## A full run also rewrites the latest figures in docs/BENCHMARK.md and the
 ## README; BENCH_QUICK=1 is a shorter run that writes target/bench only.
 ## The phases: PYTHONPATH=scripts python3 -m bench --list.

@@ -12,15 +12,11 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from . import plots
 from .common import hlabel
 from .config import CONCURRENCIES, E2E_RATE, OUT, ROOT, T0
-
-if TYPE_CHECKING:
-    from .runner import Bench
-
+from .db_cpu import brief
+from .services import Bench
 
 TARGETS = [
     # key, comparison, threshold, what the targets say (docs/CONTRACT.md, section 9)
@@ -41,22 +37,17 @@ TARGETS = [
     ("ingest_rss_mib", "<=", 64.0, "ingest RSS under load <= 64 MiB"),
     ("relay_rss_mib", "<=", 64.0, "relay RSS under load <= 64 MiB"),
 ]
-
-
 # The keys a complete report has: every target's, and these.
 REQUIRED = [key for key, *_ in TARGETS] + [
     "ingest_rps_c1", "ingest_rps_c16", "ingest_rps_c64", "reference_tps_c64", "one_statement_tps_c64",
     "relay_rows_per_s_1", "relay_rows_per_s_2", "peer_jobs_per_s", "e2e_peak_rps", "ingest_rps_c64_10m_history",
-    "db_cpu_us_per_webhook", "db_cpu_us_per_webhook_naive", "db_cpu_us_per_webhook_limit"]
+    "db_cpu_us_per_webhook", "db_cpu_us_per_webhook_naive"]
 
 
 def targets(r: dict) -> list[dict]:
-    out = []
-    for key, op, threshold, what in TARGETS:
-        v = r.get(key)
-        met = None if v is None else (v >= threshold if op == ">=" else v <= threshold)
-        out.append({"key": key, "value": v, "target": f"{op} {threshold:g}", "met": met, "spec": what})
-    return out
+    return [{"key": key, "value": r.get(key), "target": f"{op} {threshold:g}", "spec": what,
+             "met": None if r.get(key) is None else (r[key] >= threshold if op == ">=" else r[key] <= threshold)}
+            for key, op, threshold, what in TARGETS]
 
 
 def fmt(v, digits: int = 0) -> str:
@@ -76,20 +67,20 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
 
 def ingest(r: dict) -> list[str]:
     """The ingest's title, table and the note on its median at 64 senders."""
-    rows = [[f"{c}", fmt(r.get(f"ingest_rps_c{c}")),
-             f"{fmt(r.get(f'ingest_p50_ms_c{c}'), 2)} / {fmt(r.get(f'ingest_p99_ms_c{c}'), 2)}",
-             fmt(r.get(f"reference_tps_c{c}")),
-             f"{fmt(r.get(f'reference_p50_ms_c{c}'), 2)} / {fmt(r.get(f'reference_p99_ms_c{c}'), 2)}",
-             fmt(r.get(f"one_statement_tps_c{c}")),
-             fmt(r.get(f"ingest_vs_reference_c{c}"), 2), fmt(r.get(f"ingest_vs_one_statement_c{c}"), 2)]
+    def v(key: str, digits: int = 0) -> str:
+        return fmt(r.get(key), digits)
+
+    rows = [[f"{c}", v(f"ingest_rps_c{c}"), f"{v(f'ingest_p50_ms_c{c}', 2)} / {v(f'ingest_p99_ms_c{c}', 2)}",
+             v(f"reference_tps_c{c}"), f"{v(f'reference_p50_ms_c{c}', 2)} / {v(f'reference_p99_ms_c{c}', 2)}",
+             v(f"one_statement_tps_c{c}"), v(f"ingest_vs_reference_c{c}", 2), v(f"ingest_vs_one_statement_c{c}", 2)]
             for c in CONCURRENCIES]
     out = [f"**Ingest** (closed loop, signed, 10% duplicates, "
            f"{r['config']['ingest_secs']:g} s each; pgbench `-M prepared` at the same concurrency)",
            table(["senders", "ours req/s", "ours p50/p99 ms", "naive tps", "naive p50/p99 ms", "one-stmt tps",
                   "vs naive", "vs one-stmt"], rows)]
     if r.get("ingest_vs_reference_c64_min") is not None:
-        lo, hi = fmt(r["ingest_vs_reference_c64_min"], 2), fmt(r.get("ingest_vs_reference_c64_max"), 2)
-        out.append(f"At 64 senders, vs naive is the median of three alternated pairs ({lo} to {hi}).")
+        out.append(f"At 64 senders, vs naive is the median of three alternated pairs "
+                   f"({v('ingest_vs_reference_c64_min', 2)} to {v('ingest_vs_reference_c64_max', 2)}).")
     return out
 
 
@@ -97,75 +88,59 @@ def figures(r: dict) -> list[tuple[str, str, str, str]]:
     """(name, figure, value, context): the figures beside the ingest's, as
     report.md and docs/BENCHMARK.md show them (the README some, by name)."""
     c = r["config"]
-    sizes = r.get("growth_history_sizes") or []
-    labels = [hlabel(h) for h in sizes]
+    labels = [hlabel(h) for h in r.get("growth_history_sizes") or []]
 
-    def each(fmt_key: str, digits: int = 0) -> str:
-        return " / ".join(fmt(r.get(fmt_key.format(label)), digits) for label in labels) or "n/a"
+    def v(key: str, digits: int = 0) -> str:
+        return fmt(r.get(key), digits)
+
+    def each(key: str, digits: int = 0) -> str:
+        return " / ".join(v(key.format(label), digits) for label in labels) or "n/a"
 
     return [
-        ("half_load", "ingest p99 at half of peak (open loop)", f"{fmt(r.get('ingest_p99_ms_half_load'), 2)} ms",
-         f"at {fmt(r.get('half_load_rps'))} req/s; p50 {fmt(r.get('ingest_p50_ms_half_load'), 2)} ms"
+        ("half_load", "ingest p99 at half of peak (open loop)", f"{v('ingest_p99_ms_half_load', 2)} ms",
+         f"at {v('half_load_rps')} req/s; p50 {v('ingest_p50_ms_half_load', 2)} ms"
          + "".join(f"; {n:,} answered {code}" for code, n in (r.get("half_load_status_counts") or {}).items()
                    if code != "200")),
-        ("c64_with_relay", "ingest at 64 senders, a relay draining", f"{fmt(r.get('ingest_rps_c64_with_relay'))} req/s",
-         f"p99 {fmt(r.get('ingest_p99_ms_c64_with_relay'), 2)} ms"),
-        ("e2e_peak", "end-to-end peak (ingest and relay together)", f"{fmt(r.get('e2e_peak_rps'))} webhooks/s",
+        ("c64_with_relay", "ingest at 64 senders, a relay draining", f"{v('ingest_rps_c64_with_relay')} req/s",
+         f"p99 {v('ingest_p99_ms_c64_with_relay', 2)} ms"),
+        ("e2e_peak", "end-to-end peak (ingest and relay together)", f"{v('e2e_peak_rps')} webhooks/s",
          "answered and delivered"),
         ("half_e2e_peak", "ingest p99 at half of the end-to-end peak, relay draining",
-         f"{fmt(r.get('ingest_p99_ms_half_load_with_relay'), 2)} ms", f"at {fmt(r.get('e2e_load_rps'))} req/s"),
-        ("prune", f"ingest p99 at half of peak, prune deleting {fmt(r.get('prune_rows'))} rows",
-         f"{fmt(r.get('ingest_p99_ms_during_prune'), 2)} ms",
-         f"without the prune {fmt(r.get('ingest_p99_ms_baseline_prune'), 2)} ms; prune {fmt(r.get('prune_secs'), 1)} s"
-         f" = {fmt(r.get('prune_rows_per_s'))} rows/s at {fmt(r.get('prune_load_rps'))} req/s"),
-        ("e2e_idle", "e2e accepted -> downstream, idle",
-         f"p50 {fmt(r.get('e2e_p50_ms_idle'), 1)} / p99 {fmt(r.get('e2e_p99_ms_idle'), 1)} ms",
-         f"{c['e2e_idle_events']} events at {E2E_RATE:g}/s"),
+         f"{v('ingest_p99_ms_half_load_with_relay', 2)} ms", f"at {v('e2e_load_rps')} req/s"),
+        ("prune", f"ingest p99 at half of peak, prune deleting {v('prune_rows')} rows",
+         f"{v('ingest_p99_ms_during_prune', 2)} ms", f"without the prune {v('ingest_p99_ms_baseline_prune', 2)} ms; "
+         f"prune {v('prune_secs', 1)} s = {v('prune_rows_per_s')} rows/s at {v('prune_load_rps')} req/s"),
+        ("e2e_idle", "e2e accepted -> downstream, idle", f"p50 {v('e2e_p50_ms_idle', 1)} / p99 "
+         f"{v('e2e_p99_ms_idle', 1)} ms", f"{c['e2e_idle_events']} events at {E2E_RATE:g}/s"),
         ("e2e_load", "e2e accepted -> downstream, half of the end-to-end peak",
-         f"p50 {fmt(r.get('e2e_p50_ms_load'), 1)} / p99 {fmt(r.get('e2e_p99_ms_load'), 1)} ms",
-         f"at {fmt(r.get('e2e_load_rps'))} req/s"),
-        ("relay", "relay drain, one relay / two relays",
-         f"{fmt(r.get('relay_rows_per_s_1'))} / {fmt(r.get('relay_rows_per_s_2'))} rows/s",
-         f"{c['relay_rows']:,} rows, zero-latency downstream"),
-        ("peer", "peer (graphile-worker, no-op jobs)", f"{fmt(r.get('peer_jobs_per_s'))} jobs/s",
-         f"relay/peer {fmt(r.get('relay_vs_peer'), 2)} "
-         f"(ceiling {fmt(r.get('relay_vs_peer_ceiling'), 2)} on these cores)"),
-        ("peer_http", "peer, each job the same POST", f"{fmt(r.get('peer_http_jobs_per_s'))} jobs/s",
-         f"relay/peer {fmt(r.get('relay_vs_peer_http'), 2)}"),
+         f"p50 {v('e2e_p50_ms_load', 1)} / p99 {v('e2e_p99_ms_load', 1)} ms", f"at {v('e2e_load_rps')} req/s"),
+        ("relay", "relay drain, one relay / two relays", f"{v('relay_rows_per_s_1')} / {v('relay_rows_per_s_2')} "
+         "rows/s", f"{c['relay_rows']:,} rows, zero-latency downstream"),
+        ("peer", "peer (graphile-worker, no-op jobs)", f"{v('peer_jobs_per_s')} jobs/s",
+         f"relay/peer {v('relay_vs_peer', 2)} (ceiling {v('relay_vs_peer_ceiling', 2)} on these cores)"),
+        ("peer_http", "peer, each job the same POST", f"{v('peer_http_jobs_per_s')} jobs/s",
+         f"relay/peer {v('relay_vs_peer_http', 2)}"),
         ("decay", "three drains, no VACUUM between",
          f"{' / '.join(fmt(x) for x in r.get('relay_drain_rows_per_s') or []) or 'n/a'} rows/s",
-         f"slowest/fastest {fmt(r.get('relay_decay_ratio'), 2)}"),
-        ("db_cpu", "Postgres CPU per webhook, end to end", f"{fmt(r.get('db_cpu_us_per_webhook'), 1)} us",
-         f"naive {fmt(r.get('db_cpu_us_per_webhook_naive'), 1)}, one-statement "
-         f"{fmt(r.get('db_cpu_us_per_webhook_limit'), 1)}: {fmt(r.get('db_cpu_vs_naive'), 2)} of the naive"),
-        ("rss", "peak RSS ingest / relay",
-         f"{fmt(r.get('ingest_rss_mib'), 1)} / {fmt(r.get('relay_rss_mib'), 1)} MiB", ""),
-        ("tracing", "tracing overhead (OTLP to a local sink)", f"{fmt(r.get('tracing_overhead_pct'), 1)} %", ""),
+         f"slowest/fastest {v('relay_decay_ratio', 2)}"),
+        ("db_cpu", "Postgres CPU per webhook, end to end", f"{v('db_cpu_us_per_webhook', 1)} us",
+         f"naive {v('db_cpu_us_per_webhook_naive', 1)}: {v('db_cpu_vs_naive', 2)} of the naive"),
+        ("rss", "peak RSS ingest / relay", f"{v('ingest_rss_mib', 1)} / {v('relay_rss_mib', 1)} MiB", ""),
         ("growth", f"c64 with {' / '.join(label.upper() for label in labels) or 'n/a'} processed events, "
-                   f"{hlabel(c['growth_outbox_done']).upper()} done rows",
-         f"{each('ingest_rps_c64_{}_history')} req/s",
+                   f"{hlabel(c['growth_outbox_done']).upper()} done rows", f"{each('ingest_rps_c64_{}_history')} req/s",
          f"p99 {each('ingest_p99_ms_c64_{}_history', 1)} ms; claim {each('claim_ms_{}_history', 2)} ms"),
         ("fresh", f"first {c['fresh_secs']:g} s on a just-migrated database / steady",
-         f"{fmt(r.get('ingest_fresh_rps'))} / {fmt(r.get('ingest_steady_rps'))} req/s",
-         f"fresh/steady {fmt(r.get('ingest_fresh_vs_steady'), 2)}"),
-        ("fresh_relay", "relay over the fresh ingest's backlog", f"{fmt(r.get('relay_fresh_rows_per_s'))} rows/s",
-         f"{fmt(r.get('relay_fresh_rows'))} rows; first/last tenth {fmt(r.get('relay_drain_flatness_fresh'), 2)}"),
-        ("outage", f"relay over {fmt(r.get('relay_outage_rows'))} due rows on six days of history",
-         f"{fmt(r.get('relay_outage_rows_per_s'))} rows/s",
-         f"first/last tenth {fmt(r.get('relay_drain_flatness_outage'), 2)}; the peer "
-         f"{fmt(r.get('peer_outage_jobs_per_s'))} jobs/s"),
+         f"{v('ingest_fresh_rps')} / {v('ingest_steady_rps')} req/s", f"fresh/steady {v('ingest_fresh_vs_steady', 2)}"),
+        ("fresh_relay", "relay over the fresh ingest's backlog", f"{v('relay_fresh_rows_per_s')} rows/s",
+         f"{v('relay_fresh_rows')} rows; first/last tenth {v('relay_drain_flatness_fresh', 2)}"),
+        ("outage", f"relay over {v('relay_outage_rows')} due rows on six days of history",
+         f"{v('relay_outage_rows_per_s')} rows/s",
+         f"first/last tenth {v('relay_drain_flatness_outage', 2)}"),
     ]
 
 
 def figures_table(r: dict, names: set[str] | None = None) -> str:
-    return table(["figure", "value", "context"],
-                 [list(row[1:]) for row in figures(r) if names is None or row[0] in names])
-
-
-def targets_line(r: dict) -> str:
-    def keys(met: bool) -> str:
-        return ", ".join(f"`{t['key']}` ({fmt(t['value'], 2)})" for t in r["targets"] if t["met"] is met) or "none"
-    return f"**Targets** met: {keys(True)}. Not met: {keys(False)}."
+    return table(["figure", "value", "context"], [list(row[1:]) for row in figures(r) if not names or row[0] in names])
 
 
 def run_line(r: dict) -> str:
@@ -183,96 +158,48 @@ def run_line(r: dict) -> str:
 
 
 def tables(r: dict) -> str:
-    """report.md, which the run also prints."""
-    parts = [f"_{run_line(r)}_", *ingest(r)]
-    if r.get("ingest_vs_reference_c64_first_pair") is not None:
-        parts.append(f"The first pair alone (the req/s and tps above): "
-                     f"{fmt(r['ingest_vs_reference_c64_first_pair'], 2)}.")
-    parts += ["**Latency, relay, memory, growth**", figures_table(r)]
-    more = [
-        ["the same at half of the ingest's peak", f"p99 {fmt(r.get('e2e_p99_ms_half_ingest_peak'), 1)} ms",
-         f"at {fmt(r.get('e2e_half_ingest_peak_rps'))} req/s, ingest p99 "
-         f"{fmt(r.get('ingest_p99_ms_half_ingest_peak_with_relay'), 2)} ms: more than a relay can follow"],
-        ["relay drain, log line per call on / off", f"{fmt(r.get('relay_rows_per_s_log_line_on'))} / "
-                                                    f"{fmt(r.get('relay_rows_per_s_log_line_off'))} rows/s",
-         f"on/off {fmt(r.get('relay_log_line_drain_ratio'), 3)} (relay cpu on/off "
-         f"{fmt(r.get('relay_log_line_cpu_ratio'), 3)}); off is RUST_LOG=warn; "
-         f"{r['config'].get('log_line_rows', 0):,} rows per drain, on, off, off, on"],
-    ]
-    parts += ["**More figures**", table(["figure", "value", "context"], more)]
-
-    rows = [[t["key"], fmt(t["value"], 2), t["target"],
-             {True: "met", False: "NOT MET", None: "n/a"}[t["met"]]] for t in r.get("targets", [])]
-    parts += ["**Targets**", table(["key", "value", "target", ""], rows)]
-    notes = [r[k] for k in ("prune_note", "growth_note", "growth_cut") if r.get(k)]
-    if notes:
-        parts.append("\n".join(f"- {n}" for n in notes))
-    rows = bounds(r)
-    if rows:
+    """report.md, which the run also prints: what a full run writes into
+    docs/BENCHMARK.md, then the notes, what bounds the ratios, the phases."""
+    parts = [latest(r), f"At half of the ingest's own peak, more than a relay can follow: e2e p99 "
+             f"{fmt(r.get('e2e_p99_ms_half_ingest_peak'), 1)} ms, ingest p99 "
+             f"{fmt(r.get('ingest_p99_ms_half_ingest_peak_with_relay'), 2)} ms at "
+             f"{fmt(r.get('e2e_half_ingest_peak_rps'))} req/s.",
+             "\n".join(f"- {r[k]}" for k in ("prune_note", "growth_note") if r.get(k))]
+    if bounds(r):
         parts += ["**What bounds the ratios** (CPU by process, us per unit of work)",
-                  table(["figure", "ours", "theirs", "measured / model / ceiling"], rows)]
-    if r.get("plots"):
-        parts += ["**Plots**", "\n\n".join(f"![{p['title']}]({p['file']})" for p in r["plots"])]
+                  table(["figure", "ours", "theirs", "measured / model / ceiling"], bounds(r))]
     phases = ", ".join(f"{k} {v:g}s" for k, v in r.get("phase_secs", {}).items())
     parts.append(f"Phases: {phases}; total {r.get('total_secs')} s. How each figure is measured: docs/BENCHMARK.md.")
     if r.get("errors"):
         parts.append("ERRORS: " + "; ".join(f"{k}: {v}" for k, v in r["errors"].items()))
-    return "\n\n".join(parts) + "\n"
-
-
-def parts_of(u: dict | None) -> str:
-    if not u:
-        return "n/a"
-    return ", ".join(f"{k} {fmt(v, 1)}" for k, v in u.items() if k not in ("cores_counted", "machine_cores_busy"))
+    return "\n\n".join(p for p in parts if p) + "\n"
 
 
 def bounds(r: dict) -> list[list[str]]:
     """Rows of the CPU split behind the ratios the targets miss or straddle:
     the ingest against the one-statement reference at 64 senders, one relay
-    against the no-op peer, the end-to-end database cost against the naive
-    design."""
-    d = r.get("details", {})
-    rows = []
+    against the no-op peer."""
+    d, rows = r.get("details", {}), []
     c64 = (d.get("ingest") or {}).get(64) or (d.get("ingest") or {}).get("64")
     if c64 and c64.get("bound"):
-        b = c64["bound"]
-        rows.append(["ingest / one statement, 64 senders", parts_of(c64["ours"].get("cpu_us_per_request")),
-                     parts_of(c64["one_statement"].get("cpu_us_per_transaction")),
-                     f"{fmt(r.get('ingest_vs_one_statement_c64'), 2)} / {fmt(b.get('model'), 2)} / "
-                     f"{fmt(b.get('ceiling'), 2)} (pgbench's client for ours: "
-                     f"{fmt(b.get('ceiling_ingest_process_only'), 2)})"])
-    b = d.get("relay_bound")
-    if b:
-        rows.append(["relay / no-op peer, per row", parts_of(b.get("relay_us_per_row")),
-                     parts_of(b.get("peer_us_per_job")),
-                     f"{fmt(r.get('relay_vs_peer'), 2)} / {fmt(b.get('model'), 2)} / {fmt(b.get('ceiling'), 2)} "
-                     f"(database per row ours/peer {fmt(b.get('database_us_per_row_vs_peer'), 2)}; the peer's "
-                     f"POST adds {fmt(b.get('peer_call_us_per_job'), 1)} us per job)"])
-    if r.get("db_cpu_us_per_webhook_limit") is not None:
-        rows.append(["Postgres CPU per webhook / naive", f"{fmt(r.get('db_cpu_us_per_webhook'), 1)}",
-                     f"naive {fmt(r.get('db_cpu_us_per_webhook_naive'), 1)}, one-statement limit "
-                     f"{fmt(r.get('db_cpu_us_per_webhook_limit'), 1)}",
-                     f"{fmt(r.get('db_cpu_vs_naive'), 2)}; the limit design's own: "
-                     f"{fmt(r.get('db_cpu_limit_vs_naive'), 2)}"])
+        rows.append(["ingest / one statement, 64 senders", brief(c64["ours"]["cpu_us_per_request"]),
+                     brief(c64["one_statement"]["cpu_us_per_transaction"]),
+                     f"{fmt(r.get('ingest_vs_one_statement_c64'), 2)} / {fmt(c64['bound']['model'], 2)} / "
+                     f"{fmt(c64['bound']['ceiling'], 2)}"])
+    if b := d.get("relay_bound"):
+        rows.append(["relay / no-op peer, per row", brief(b["relay_us_per_row"]), brief(b["peer_us_per_job"]),
+                     f"{fmt(r.get('relay_vs_peer'), 2)} / {fmt(b['model'], 2)} / {fmt(b['ceiling'], 2)}"])
     return rows
 
 
 def write_report(bench: Bench) -> dict:
     r = bench.report
-    r["targets"] = targets(r)
-    r["phase_secs"] = bench.phases
-    r["total_secs"] = round(time.monotonic() - T0, 1)
+    r.update(targets=targets(r), phase_secs=bench.phases, total_secs=round(time.monotonic() - T0, 1),
+             errors=bench.errors, missing_keys=[k for k in REQUIRED if r.get(k) is None], details=bench.details,
+             generated_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     if "machine" in r:
         r["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    r["errors"] = bench.errors
-    r["missing_keys"] = [k for k in REQUIRED if r.get(k) is None]
-    r["details"] = bench.details
-    r["generated_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "report.json").write_text(json.dumps(r, indent=2) + "\n")
-    # Drawn from report.json, then named in it and linked from report.md;
-    # not after a Ctrl-C (the first run installs matplotlib).
-    r["plots"] = [] if "interrupted" in bench.errors else plots.draw(OUT / "report.json", OUT)
     (OUT / "report.json").write_text(json.dumps(r, indent=2) + "\n")
     (OUT / "report.md").write_text(tables(r))
     return r
@@ -295,8 +222,10 @@ def refusal(r: dict, phases: list) -> str | None:
 
 
 def latest(r: dict) -> str:
+    met = {m: ", ".join(f"`{t['key']}` ({fmt(t['value'], 2)})" for t in r["targets"] if t["met"] is m) or "none"
+           for m in (True, False)}
     return "\n\n".join([run_line(r), *ingest(r), "**Latency, relay, memory, the states users meet**",
-                        figures_table(r), targets_line(r)])
+                        figures_table(r), f"**Targets** met: {met[True]}. Not met: {met[False]}."])
 
 
 def summary(r: dict) -> str:

@@ -1,24 +1,100 @@
-"""The phases in order, each announced as `[n/of] name ...` and
-timed, its errors recorded (one failing phase does not stop the others),
-and the state they share."""
+"""The `setup` phase, the phases in order, each announced as `[n/of] name ...`
+and timed, its errors recorded (one failing phase does not stop the others),
+and `main`:
+`python3 -m bench` (make bench; see the package's docstring), `--list` the
+phases, `--docs` the documents' generated parts again (report.py) from
+target/bench/report.json."""
 
 from __future__ import annotations
 
 import json
 import os
+import platform
+import re
+import shutil
+import signal
+import subprocess
+import sys
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
-from . import backlog, db_cpu, e2e, fresh, growth, ingest, outage, peer, prepare, prune, relay, relay_log, tracing
-from .config import CONCURRENCIES, CFG, LOGS, ONLY, T0, BenchError, log
+from . import db_cpu, e2e, fresh, growth, ingest, prune, relay
+from .common import PROCS, clean_env, run_cmd
+from .config import BIN, CFG, LOAD0, LOGS, ONLY, OUT, PRODUCT_VARS, REFS, ROOT, T0, BenchError, log
 from .db import Db, Product, Reference
-from .services import Service, Services
+from .relay import PEER_DB
+from .report import tables, write_documents, write_report
+from .services import Bench
+
+
+def setup(bench: Bench) -> None:
+    """The `setup` phase: the three databases, the downstream, the peer's
+    node_modules (once), and what the machine is."""
+    for name in ("webhook-ingest", "outbox-relay", "simulator"):
+        if not os.access(BIN / name, os.X_OK):
+            raise BenchError(f"{BIN / name} is missing: run `make release` first (make bench does)")
+    for tool in ("psql", "pgbench", "node", "npm"):
+        if not shutil.which(tool):
+            raise BenchError(f"`{tool}` is not on PATH; the bench needs it")
+    # The three databases, the peer's dependencies: in parallel, nothing is measured yet.
+    with ThreadPoolExecutor(2) as pool:
+        peer, ref = pool.submit(prepare_peer), pool.submit(bench.ref.create)
+        bench.product.create()
+        bench.db.recreate(PEER_DB)
+        bench.start_downstream()
+        ref.result(timeout=400)
+        try:
+            peer.result(timeout=300)
+        except (BenchError, OSError) as e:  # the peer phases fail with this, the others run
+            bench.peer_error = bench.errors["peer_setup"] = f"preparing the peer: {e}"
+    m = bench.report["machine"] = machine(bench.db)
+    log(f"machine: {m['cores']} cores, {m['memory_mib']} MiB, {m['kernel']}, PostgreSQL {m['postgres_version']}, "
+        + " ".join(f"{k}={v}" for k, v in m["postgres_settings"].items()) + f", load {m['load_average_at_start']}")
+
+
+def prepare_peer() -> None:
+    dst = OUT / "peer"
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in ("package.json", "peer.js"):
+        if (dst / f).exists():
+            (dst / f).chmod(0o644)
+        shutil.copyfile(REFS / "peer" / f, dst / f)
+    if not (dst / "node_modules" / "graphile-worker").is_dir():
+        log("  peer: installing graphile-worker (npm, once)")
+        run_cmd("npm install", ["npm", "install", "--no-audit", "--no-fund"], timeout=240, cwd=dst, env=clean_env())
+
+
+def machine(db: Db) -> dict:
+    settings = dict(row.split("|", 1) for row in db.sql(Product.DB, """
+SELECT name, current_setting(name) FROM pg_settings
+ WHERE name IN ('fsync', 'synchronous_commit', 'full_page_writes', 'wal_sync_method', 'shared_buffers',
+                'max_wal_size', 'checkpoint_timeout', 'wal_compression', 'commit_delay', 'jit')
+ ORDER BY name;
+SELECT 'server_version', current_setting('server_version');"""))
+    text = {f: Path(f"/proc/{f}").read_text() for f in ("meminfo", "cpuinfo")}
+    mem = re.search(r"^MemTotal:\s+(\d+)", text["meminfo"], re.M)
+    model = re.search(r"^model name\s*:\s*(.*)$", text["cpuinfo"], re.M)
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", ROOT, *args], capture_output=True, text=True, timeout=10).stdout.strip()
+
+    return {
+        "cores": os.cpu_count(), "cpu_model": model.group(1).strip() if model else "",
+        "memory_mib": int(mem.group(1)) // 1024 if mem else 0, "kernel": platform.release(),
+        "load_average_at_start": [round(x, 2) for x in LOAD0],
+        "postgres_version": settings.pop("server_version", ""),
+        "postgres_host": re.sub(r"^[a-z]+://([^@]*@)?", "", db.base), "postgres_settings": settings,
+        "commit": git("rev-parse", "--short", "HEAD") + ("-dirty" if git("status", "--porcelain", "-uno") else ""),
+        "caller_product_variables_ignored": sorted(k for k in os.environ if PRODUCT_VARS.match(k)),
+    }
 
 
 # Every phase in the order it runs, and what it measures: the one list
 # (`python3 -m bench --list`; docs/BENCHMARK.md's table is written from it).
 PHASES = [
-    ("setup", prepare.run, "databases `bench_product` (migrated, 1M orders, some history), `bench_ref` "
+    ("setup", setup, "databases `bench_product` (migrated, 1M orders, some history), `bench_ref` "
      "(`bench/schema.sql`), `bench_peer` (empty); the downstream simulator; the peer's modules; the machine"),
     ("ingest", ingest.run, "closed loop at 1, 16 and 64 senders (signed, 10% duplicates), each beside pgbench "
      "running both reference ingests at the same concurrency and duration; at 64 senders three alternated pairs; "
@@ -28,26 +104,21 @@ PHASES = [
      "the relay runs idle; three back-to-back drains with one relay (no VACUUM between them), one with two relays "
      "(after a VACUUM); then the ingest at 64 senders with a relay delivering, until nothing is pending: the "
      "end-to-end peak"),
-    ("peer", peer.run, "graphile-worker (`bench/peer`, batching, concurrency 24) draining as many no-op jobs, "
-     "then as many jobs that each POST to the downstream (`--http`)"),
+    ("peer", relay.run_peer, "graphile-worker (`bench/peer`, batching, concurrency 24) draining as many no-op "
+     "jobs, then as many jobs that each POST to the downstream (`--http`)"),
     ("e2e", e2e.run, "webhook accepted to downstream effect: idle (20 events/s, one by one), while a provider "
      "load runs at half of the end-to-end peak, then at half of the ingest's own peak"),
     ("db_cpu", db_cpu.run, "Postgres CPU per webhook: the ingest at half of peak with a relay delivering, then "
-     "pgbench at the same rate on each reference design (ingest and relay scripts 25:1), each until nothing is "
-     "pending; two rounds (ours, naive, limit, then limit, naive, ours), added up"),
-    ("tracing", tracing.run, "64 senders with and without OTLP export to a local sink"),
-    ("relay_log", relay_log.run, "the relay's log line per call: drains with it on (the default level) and off "
-     "(`RUST_LOG=warn`), alternated on, off, off, on"),
+     "pgbench at the same rate on the naive design (ingest and relay scripts 25:1), each until nothing is "
+     "pending; two rounds (ours, naive, then naive, ours), added up"),
     ("prune", prune.run, "retention under load: 1M done outbox rows and 1M processed events 30 days old (quick: "
      "50k each); the ingest at half of peak for a baseline window, then while `outbox-relay prune` deletes them"),
     ("growth", growth.run, "64 senders and the relay's claim time with 1M and 10M processed events and 1M done "
-     "outbox rows behind them (quick: smaller); a history the time budget cannot generate is cut, and said"),
-    ("backlog", backlog.run, "the relay's backlog gauge statement (`backlog.sql`) with 3M pending rows (quick: "
-     "300k): its median time"),
+     "outbox rows behind them (quick: 100k and 500k, 100k)"),
     ("fresh", fresh.run, "a new ingest's first 15 s at 64 senders on a just-migrated database, against the steady "
      "state on the same database; then a new relay over the backlog those payments left"),
-    ("outage", outage.run, "a new relay over 500,000 rows due at once after a downstream outage, on six days of "
-     "history (quick: less history); the peer over as many jobs (full runs)"),
+    ("outage", fresh.run_outage, "a new relay over 500,000 rows due at once after a downstream outage, on six "
+     "days of history (quick: less history)"),
 ]
 
 
@@ -56,94 +127,83 @@ def chosen(name: str) -> bool:
     return not ONLY or name == "setup" or name in ONLY
 
 
-class Bench:
-    """What the phases share: the databases, the services running, the
-    report's keys, the details, each phase's errors and wall time."""
-
-    def __init__(self, db: Db) -> None:
-        self.db = db
-        self.product = Product(db)
-        self.ref = Reference(db)
-        self.services = Services(db)
-        self.report: dict = {"mode": CFG["mode"], "config": {k: v for k, v in CFG.items()}}
-        self.details: dict = {}
-        self.phases: dict = {}
-        self.errors: dict = {}
-        self.ingest: Service | None = None
-        self.relays: list[Service] = []
-        self.rss: dict = {}
-        # `[n/of]` of each phase this run runs.
-        names = [name for name, *_ in PHASES if chosen(name)]
-        self.numbers = {name: f"[{i}/{len(names)}]" for i, name in enumerate(names, 1)}
-
-    peer_error: str | None = None
-
-    def phase(self, name: str, fn) -> None:
-        """Runs `fn(self)` unless BENCH_PHASES leaves it out."""
-        if not chosen(name):
-            return
-        t = time.monotonic()
-        number = self.numbers[name]
+def run_all(bench: Bench) -> None:
+    phases = [p for p in PHASES if chosen(p[0])]
+    for i, (name, fn, _) in enumerate(phases, 1):
+        number, t = f"[{i}/{len(phases)}]", time.monotonic()
         log(f"{number} {name} ...")
         try:
-            fn(self)
+            fn(bench)
         except BenchError as e:
-            self.errors[name] = str(e)
-            log(f"{number} {name} FAILED: {e}")
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError,
-                ZeroDivisionError, json.JSONDecodeError) as e:
+            bench.errors[name] = str(e)
+        except Exception as e:  # noqa: BLE001
             # A bug or a surprise: the other phases still run, the trace goes to the logs.
             with open(LOGS / "bench-errors.log", "a") as f:
                 f.write(f"--- phase {name}\n{traceback.format_exc()}\n")
-            self.errors[name] = f"{type(e).__name__}: {e} (traceback in {LOGS / 'bench-errors.log'})"
-            log(f"{number} {name} FAILED: {self.errors[name]}")
-        self.phases[name] = round(time.monotonic() - t, 1)
-        log(f"{number} {name} done ({self.phases[name]:.1f} s; {time.monotonic() - T0:.0f} s since the start)")
-
-    def peak_rps(self) -> float:
-        peaks = [self.report.get(f"ingest_rps_c{c}") or 0 for c in CONCURRENCIES]
-        if not max(peaks) and os.environ.get("BENCH_PEAK_RPS"):
-            return float(os.environ["BENCH_PEAK_RPS"])
-        if not max(peaks):
-            raise BenchError("no ingest peak measured")
-        return max(peaks)
-
-    def e2e_peak_rps(self) -> float:
-        """The deployed shape's peak (relay.end_to_end_peak): webhooks answered
-        and delivered per second of the machine's cores."""
-        if self.report.get("e2e_peak_rps"):
-            return float(self.report["e2e_peak_rps"])
-        if os.environ.get("BENCH_E2E_PEAK_RPS"):
-            return float(os.environ["BENCH_E2E_PEAK_RPS"])
-        raise BenchError("no end-to-end peak measured (the relay phase measures it)")
-
-    def record_rss(self) -> None:
-        if self.ingest:
-            self.rss["ingest"] = self.ingest.rss()
-        for service in self.relays:
-            if service.p.poll() is None:
-                self.rss[f"relay_{service.tag}"] = service.rss()
-        r = self.report
-        r["ingest_rss_mib"] = (self.rss.get("ingest") or {}).get("peak_mib")
-        peaks = [v.get("peak_mib") for k, v in self.rss.items() if k.startswith("relay") and v.get("peak_mib")]
-        r["relay_rss_mib"] = max(peaks) if peaks else None
-        self.details["rss"] = self.rss
-
-    def run(self) -> None:
-        for name, fn, _ in PHASES:
-            self.phase(name, fn)
-            if name == "setup" and "setup" in self.errors:
-                return
-            if name == "e2e":
-                self.record_rss()  # after the load phases, whichever ran
-
-    def drop_databases(self) -> None:
-        """The growth history is gigabytes: the databases go unless BENCH_KEEP=1."""
-        if os.environ.get("BENCH_KEEP", "") not in ("", "0"):
-            log("BENCH_KEEP: keeping bench_product, bench_ref, bench_peer and bench_fresh")
+            bench.errors[name] = f"{type(e).__name__}: {e} (traceback in {LOGS / 'bench-errors.log'})"
+        if name in bench.errors:
+            log(f"{number} {name} FAILED: {bench.errors[name]}")
+        bench.phases[name] = round(time.monotonic() - t, 1)
+        log(f"{number} {name} done ({bench.phases[name]:.1f} s; {time.monotonic() - T0:.0f} s since the start)")
+        if name == "setup" and "setup" in bench.errors:
             return
-        for name in (Product.DB, Reference.DB, "bench_peer", fresh.FreshDb.DB):
-            try:
-                self.db.sql_admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)", timeout=120)
-            except BenchError as e:
-                log(f"  could not drop {name}: {e}")
+        if name == "e2e":
+            bench.record_rss()  # after the load phases, whichever ran
+
+
+def main(argv: list[str]) -> int:
+    if argv == ["--list"]:
+        print("\n".join(f"{i:2}. {name:10} {what}" for i, (name, _, what) in enumerate(PHASES, 1)))
+        return 0
+    if argv == ["--docs"]:
+        report = OUT / "report.json"
+        return write_docs(json.loads(report.read_text()) if report.exists() else None, phase_table_anyway=True)
+    if argv or not os.environ.get("DATABASE_URL"):
+        print("usage: python3 -m bench [--list | --docs] with DATABASE_URL set: run `make bench` (it starts a "
+              "throwaway Postgres; see docs/BENCHMARK.md)", file=sys.stderr)
+        return 2
+    LOGS.mkdir(parents=True, exist_ok=True)
+
+    def on_term(signum, _frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGHUP, on_term)
+    bench = Bench(Db(os.environ["DATABASE_URL"]))
+    log(f"make bench ({CFG['mode']}): logs in {LOGS}")
+    interrupted = False
+    try:
+        run_all(bench)
+    except KeyboardInterrupt:
+        interrupted = True
+        bench.errors["interrupted"] = "stopped by a signal before the end"
+        log("interrupted: stopping everything this run started")
+    finally:
+        if not bench.rss.get("ingest"):
+            bench.record_rss()  # the e2e phase records it; after an error in it, here
+        PROCS.stop_all()
+        if not interrupted:
+            drop_databases(bench)
+    r = write_report(bench)
+    print(f"\n{tables(r)}\nreport: {OUT / 'report.json'} and {OUT / 'report.md'}")
+    if r["missing_keys"]:
+        print(f"missing: {', '.join(r['missing_keys'])}")
+    write_docs(r)
+    return 130 if interrupted else (1 if bench.errors else 0)
+
+
+def write_docs(r: dict | None, phase_table_anyway: bool = False) -> int:
+    changed, why = write_documents(r, PHASES, phase_table_anyway=phase_table_anyway)
+    print(f"documents: {', '.join(map(str, changed)) or 'unchanged'}" + (f" (no figures: {why})" if why else ""))
+    return 0
+
+
+def drop_databases(bench: Bench) -> None:
+    """The growth history is gigabytes: the databases go unless BENCH_KEEP=1."""
+    if os.environ.get("BENCH_KEEP", "") not in ("", "0"):
+        return log("BENCH_KEEP: keeping the bench's databases")
+    for name in (Product.DB, Reference.DB, relay.PEER_DB, fresh.FreshDb.DB):
+        try:
+            bench.db.sql(None, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)", timeout=120)
+        except BenchError as e:
+            log(f"  could not drop {name}: {e}")
