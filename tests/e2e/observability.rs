@@ -218,7 +218,10 @@ fn the_relays_statements_are_roots_naming_their_table(all: &[ReceivedSpan], stac
     // commit and its NOTIFY reaching the relay (seen once: all three rows
     // claimed so). The recordings below are always traced and count 3.
     let claimed = rows(&claims);
-    assert!(claimed <= 3, "{claimed} rows claimed in traced claims: {claims:#?}");
+    assert!(
+        claimed <= 3,
+        "{claimed} rows claimed in traced claims: {claims:#?}"
+    );
     // An idle relay's poll ticks send no claim span: of the empty claims,
     // only those after a NOTIFY or a claim that found rows have one (a
     // handful, where the seconds idle above alone held ten ticks, and the
