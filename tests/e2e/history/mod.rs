@@ -294,12 +294,14 @@ async fn deliver(
         let (status, outcome) = match result {
             Ok(response) => {
                 let status = response.status().as_u16();
-                let outcome = response
-                    .json::<serde_json::Value>()
-                    .await
-                    .ok()
-                    .and_then(|v| v["status"].as_str().map(str::to_owned));
-                (status, outcome)
+                match response.json::<serde_json::Value>().await {
+                    Ok(v) => (status, v["status"].as_str().map(str::to_owned)),
+                    // The client's timeout ran out while it read the answer
+                    // (seen on an overloaded machine): to the provider no
+                    // answer came, so it is no acknowledgement, and it retries.
+                    Err(_) if status == 200 => (0, None),
+                    Err(_) => (status, None),
+                }
             }
             Err(_) => (0, None),
         };
