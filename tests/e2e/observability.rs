@@ -1,5 +1,6 @@
-//! One trace per event across both services; metrics equal to the workload;
-//! logs that carry the event's ids and never a secret.
+//! One trace per event across both services (here), metrics equal to the
+//! workload and logs that carry the event's ids and never a secret
+//! (`metrics_and_logs`).
 
 use std::time::Duration;
 
