@@ -1,13 +1,8 @@
 #!/usr/bin/env bash
-# `make deploy-smoke`: the rendered dev overlay run by `podman kube play` on
-# the images scripts/images.sh builds, with the checks that tie the manifests
-# to the binaries and a named shim for what podman 4.3 cannot do
-# (scripts/deploy_smoke/pods.py). Exit 0 if it passed.
-#
-# Provides podman (scripts/containers.sh), the images, kubectl and PyYAML
-# (make deploy-check's venv, scripts/deploy-venv.sh) and a throwaway Postgres
-# of its own: scripts/pg-cluster.sh with a folder and a port keyed by the
-# checkout, since the smoke stops and restarts it (so not DATABASE_URL).
+# `make deploy-smoke`: the rendered dev overlay played by `podman kube play`
+# (scripts/deploy_smoke/) on the images of scripts/images.sh, with podman
+# (scripts/containers.sh), kubectl and PyYAML (scripts/deploy-venv.sh) and a
+# Postgres of its own, which it stops and starts (scripts/pg-cluster.sh keyed by the checkout).
 #
 # Environment:
 #   IMAGES_PROFILE=release       release | debug (make test): the images' and the simulator's build
@@ -19,17 +14,16 @@ cd "$(dirname "$0")/.."
 containers_who=deploy-smoke
 # shellcheck source=scripts/containers.sh
 source scripts/containers.sh
-# Here too: where podman cannot be had and that is allowed, images.sh skips and so must the smoke.
+# First: where podman cannot be had and that is allowed, images.sh skips, and so must the smoke.
 need_podman
 scripts/images.sh
 deploy_venv_who=deploy-smoke
 # shellcheck source=scripts/deploy-venv.sh
 source scripts/deploy-venv.sh
 
-# The checkout's key: its Postgres, and the label of the smoke's pods and secrets.
+# The checkout's key: its Postgres, and the label of the smoke's pods.
 key=$(printf '%s#deploy-smoke' "$(pwd -P)" | sha1sum | cut -c1-10)
-export DEPLOY_SMOKE_KEY=$key
-export PG_CLUSTER_DIR=/tmp/webhook-pg-$key
+export DEPLOY_SMOKE_KEY=$key PG_CLUSTER_DIR=/tmp/webhook-pg-$key
 export PG_CLUSTER_PORT=$((20000 + 0x${key:0:4} % 10000))
 unset DATABASE_URL
 PYTHONPATH=scripts${PYTHONPATH:+:$PYTHONPATH} exec "$venv/bin/python" -m deploy_smoke
