@@ -1,31 +1,28 @@
-"""Phases 2 and 3: the ingest in a closed loop at 1, 16 and 64 senders,
-each beside pgbench running the two reference files; then an open loop at
-half of the peak."""
+"""The `ingest` and `half_load` phases: closed loops beside pgbench, an open loop."""
 
 from __future__ import annotations
 
 import re
 import tempfile
-import time
 from pathlib import Path
 
-from .common import pct, ratio, run_cmd
-from .config import CFG, CONCURRENCIES, DUPLICATE_RATE, LOGS, REFS, BenchError, log
-from .db import Db, Product, Reference
+from .common import CFG, CONCURRENCIES, REFS, BenchError, log, pct, ratio
+from .db import PRODUCT, REFERENCE, Db
 from .db_cpu import Split, per_unit
-from .services import Bench, provider_run, summary_brief
+from .services import Bench, provider_run
+
+# The concurrency whose ratio to the naive reference is a target, and the pairs measuring it.
+PAIRED, PAIRS = 64, 3
 
 
-def pgbench(db: Db, file: str, clients: int, secs: float, tag: str) -> dict:
-    """pgbench on one reference file at `clients`, from bench_ref's reset state."""
+def reference_run(db: Db, file: str, clients: int, secs: float, tag: str) -> dict:
+    """One reference file at `clients`: tps, and p50/p99 from a sample of the transactions."""
     with tempfile.TemporaryDirectory() as logs:
-        args = ["pgbench", "-n", "-M", "prepared", "-c", clients, "-j", min(2, clients), "-T", max(1, round(secs)),
-                "-D", f"run={time.time_ns()}", "-D", "n=0", "-f", REFS / file,
-                # A sample of per-transaction latencies, for p50/p99 beside ours.
-                "-l", "--sampling-rate=0.2", f"--log-prefix={logs}/tx", db.url(Reference.DB)]
-        _, out, err = run_cmd(f"pgbench {tag}", args, timeout=secs + 120, env=db.env())
-        lat = [int(line.split()[2]) / 1000.0 for f in Path(logs).iterdir() for line in f.read_text().splitlines()]
-    (LOGS / f"pgbench-{tag}.out").write_text(out + err)
+        out = db.pgbench(tag, ["-c", clients, "-j", min(2, clients), "-T", max(1, round(secs)),
+                                "-f", REFS / file, "-l", "--sampling-rate=0.2",
+                                f"--log-prefix={logs}/tx"], secs + 120)
+        lat = [int(line.split()[2]) / 1000.0
+               for f in Path(logs).iterdir() for line in f.read_text().splitlines()]
     m = re.search(r"tps = ([\d.]+) \(without initial connection time\)", out)
     done = re.search(r"number of transactions actually processed: (\d+)", out)
     if not m or not done:
@@ -35,93 +32,72 @@ def pgbench(db: Db, file: str, clients: int, secs: float, tag: str) -> dict:
 
 
 def run(bench: Bench) -> None:
-    secs, r = CFG["ingest_secs"], bench.report
+    secs, r, runs = CFG["ingest_secs"], bench.report, {}
     bench.ingest = bench.start_ingest("main")
-    runs: dict = {}
     for c in CONCURRENCIES:
-        bench.product.reset(CFG["product_history"])
-        # No relay runs here (the references do not drain either): the
-        # outbox's pending rows grow through the run.
-        split = Split(bench, Product.DB, {"ingest": bench.ingest.p.pid}, "load generator").start()
-        ours = summary_brief(provider_run(bench.ingest, f"c{c}", concurrency=c, secs=secs))
+        # No relay runs here (the references do not drain either): the outbox grows.
+        bench.db.reset_product(CFG["product_history"])
+        split = Split(bench, PRODUCT, {"ingest": bench.ingest.p.pid}, "load generator").start()
+        ours = provider_run(bench.ingest, f"c{c}", concurrency=c, secs=secs)
         ours["cpu_us_per_request"] = per_unit(split.stop(), ours["deliveries"] or 0)
         refs = {}
         for name, file in (("reference", "reference-ingest.sql"),
                            ("one_statement", "reference-ingest-one-statement.sql")):
-            bench.ref.reset()
-            split = Split(bench, Reference.DB, {}, "pgbench").start()
-            refs[name] = pgbench(bench.db, file, c, secs, f"{name}-c{c}")
-            refs[name]["cpu_us_per_transaction"] = per_unit(split.stop(), refs[name]["transactions"])
+            bench.db.reset_reference()
+            split = Split(bench, REFERENCE, {}, "pgbench").start()
+            ref = refs[name] = reference_run(bench.db, file, c, secs, f"{name}-c{c}")
+            ref["cpu_us_per_transaction"] = per_unit(split.stop(), ref["transactions"])
         b = bound(ours, refs["one_statement"])
         runs[c] = {"ours": ours, **refs, "bound": b}
-        log(f"  c{c:<3} ours {ours['requests_per_s']:>8,.0f} req/s  p99 {ours['p99_ms']} ms | reference "
-            f"{refs['reference']['tps']:>8,.0f} tps | one statement {refs['one_statement']['tps']:>8,.0f} tps | "
-            f"ceiling {b.get('ceiling')} (model {b.get('model')}) {ours.get('problems', '')}")
-        for key, v in (("ingest_rps", ours["requests_per_s"]), ("ingest_p50_ms", ours["p50_ms"]),
-                       ("ingest_p99_ms", ours["p99_ms"]), ("ingest_new_events_per_s", ours["new_events_per_s"]),
-                       *((f"{name}_{k}", refs[name][k]) for name in refs for k in ("tps", "p50_ms", "p99_ms")),
-                       ("ingest_vs_reference", ratio(ours["requests_per_s"], refs["reference"]["tps"])),
-                       ("ingest_vs_one_statement", ratio(ours["requests_per_s"], refs["one_statement"]["tps"])),
-                       ("ingest_vs_one_statement_ceiling", b.get("ceiling"))):
-            r[f"{key}_c{c}"] = v
+        rps, naive, one = ours["requests_per_s"], refs["reference"], refs["one_statement"]
+        log(f"  c{c}: ours {rps:,.0f} req/s, naive {naive['tps']:,.0f} tps, one statement "
+            f"{one['tps']:,.0f} tps; ceiling {b.get('ceiling')}")
+        r.update({f"ingest_rps_c{c}": rps, f"ingest_p50_ms_c{c}": ours["p50_ms"],
+                  f"ingest_p99_ms_c{c}": ours["p99_ms"],
+                  f"ingest_new_events_per_s_c{c}": ours["new_events_per_s"],
+                  f"ingest_vs_reference_c{c}": ratio(rps, naive["tps"]),
+                  f"ingest_vs_one_statement_c{c}": ratio(rps, one["tps"]),
+                  f"ingest_vs_one_statement_ceiling_c{c}": b.get("ceiling")})
+        for name, ref in refs.items():
+            r.update({f"{name}_{k}_c{c}": ref[k] for k in ("tps", "p50_ms", "p99_ms")})
     bench.details["ingest"] = runs
-    pairs_against_naive(bench, runs[PAIRED]["ours"]["requests_per_s"], runs[PAIRED]["reference"]["tps"])
-
-
-# The concurrency whose ratio to the naive reference is a target, and how
-# many (ours, naive) pairs measure it.
-PAIRED = 64
-PAIRS = 3
+    pairs_against_naive(bench, runs[PAIRED]["ours"]["requests_per_s"],
+                        runs[PAIRED]["reference"]["tps"])
 
 
 def pairs_against_naive(bench: Bench, ours_rps: float, naive_tps: float) -> None:
-    """`ingest_vs_reference_c64` is the median of PAIRS pairs of adjacent
-    runs, the first pair the loop's (ours first), then naive first, then ours
-    first again. The two sides of a pair run seconds apart, and this machine's
-    speed drifts by more than the margin between them: in one afternoon the
-    same ingest run ranged 1,279 to 1,872 req/s within two minutes, its CPU
-    per request with it. A single pair's ratio is that drift as much as the
-    designs; the median of alternated pairs cancels a drift in either
-    direction and shows its spread (`_min`, `_max`)."""
-    secs = CFG["ingest_secs"]
+    """`ingest_vs_reference_c64`: the median of PAIRS pairs of adjacent runs, the loop's (ours
+    first), then naive first, then ours first. The machine's speed drifts by more than the
+    margin within minutes; alternated pairs cancel a drift either way (`_min`, `_max`)."""
+    secs, key = CFG["ingest_secs"], f"ingest_vs_reference_c{PAIRED}"
     pairs = [{"order": "ours first", "ours": ours_rps, "naive": naive_tps}]
     for i in range(1, PAIRS):
         order = ("naive", "ours") if i % 2 else ("ours", "naive")
-        pair = {"order": f"{order[0]} first"}
+        pair, tag = {"order": f"{order[0]} first"}, f"c{PAIRED}-pair{i}"
         for side in order:
             if side == "ours":
-                bench.product.reset(CFG["product_history"])
-                pair["ours"] = summary_brief(provider_run(bench.ingest, f"c{PAIRED}-pair{i}", concurrency=PAIRED,
-                                                          secs=secs))["requests_per_s"]
+                bench.db.reset_product(CFG["product_history"])
+                s = provider_run(bench.ingest, tag, concurrency=PAIRED, secs=secs)
+                pair["ours"] = s["requests_per_s"]
             else:
-                bench.ref.reset()
-                pair["naive"] = pgbench(bench.db, "reference-ingest.sql", PAIRED, secs, f"c{PAIRED}-pair{i}")["tps"]
+                bench.db.reset_reference()
+                file = "reference-ingest.sql"
+                pair["naive"] = reference_run(bench.db, file, PAIRED, secs, tag)["tps"]
         pairs.append(pair)
     for pair in pairs:
         pair["ratio"] = ratio(pair["ours"], pair["naive"])
     ratios = sorted(p["ratio"] for p in pairs if p["ratio"] is not None)
-    r = bench.report
     if ratios:
-        r[f"ingest_vs_reference_c{PAIRED}"] = ratios[len(ratios) // 2]
-        r[f"ingest_vs_reference_c{PAIRED}_min"] = ratios[0]
-        r[f"ingest_vs_reference_c{PAIRED}_max"] = ratios[-1]
-    bench.details[f"ingest_vs_reference_c{PAIRED}_pairs"] = pairs
-    log(f"  c{PAIRED} against the naive reference, {len(pairs)} pairs: "
-        + ", ".join(f"{p['ours']:,.0f}/{p['naive']:,.0f} = {p['ratio']} ({p['order']})" for p in pairs)
-        + f"; median {r.get(f'ingest_vs_reference_c{PAIRED}')}")
+        bench.report.update({key: ratios[len(ratios) // 2], f"{key}_min": ratios[0],
+                             f"{key}_max": ratios[-1]})
+    bench.details[f"{key}_pairs"] = pairs
+    log(f"  c{PAIRED} vs naive, pairs: {[p['ratio'] for p in pairs]}")
 
 
 def bound(ours: dict, ref: dict) -> dict:
-    """What the ratio to the one-statement reference can reach on these
-    cores. Both runs are CPU-bound, so a ratio of throughputs is about the
-    inverse ratio of CPU per unit of work (`model`, beside the measured
-    one). `ceiling`: the same with our Postgres CPU per request replaced by
-    the reference's per transaction, the ingest process and the load
-    generator kept: an ingest whose database work cost no more than a
-    statement that writes less than the contract asks (no payload, no
-    stored result, no row lock, fewer indexes) could reach that much and no
-    more while the load generator and the ingest share the cores with
-    Postgres."""
+    """What the ratio to the one-statement reference can reach on these CPU-bound cores:
+    `model`, the inverse ratio of CPU per unit of work; `ceiling`, the same with our Postgres
+    CPU per request replaced by the reference's per transaction."""
     a, b = ours.get("cpu_us_per_request") or {}, ref.get("cpu_us_per_transaction") or {}
     if not a.get("total") or not b.get("total"):
         return {}
@@ -133,12 +109,10 @@ def run_half_load(bench: Bench) -> None:
     if not bench.ingest:
         raise BenchError("the ingest is not running")
     peak = bench.peak_rps()
-    # --rate is events/s; 10% of events are delivered twice.
-    rate = peak / 2 / (1 + DUPLICATE_RATE)
-    bench.product.reset(CFG["product_history"])
-    s = bench.details["half_load"] = summary_brief(provider_run(bench.ingest, "half", rate=rate, secs=CFG["half_secs"]))
-    r = bench.report
-    r["ingest_p99_ms_half_load"], r["ingest_p50_ms_half_load"] = s["p99_ms"], s["p50_ms"]
-    r["half_load_rps"], r["half_load_status_counts"] = s["requests_per_s"], s["status_counts"]
-    log(f"  half load {s['requests_per_s']:,.0f} req/s (target {peak / 2:,.0f}): p50 {s['p50_ms']} "
-        f"p99 {s['p99_ms']} p99.9 {s['p999_ms']} ms")
+    bench.db.reset_product(CFG["product_history"])
+    s = provider_run(bench.ingest, "half", rps=peak / 2, secs=CFG["half_secs"])
+    bench.details["half_load"] = s
+    bench.report.update(ingest_p99_ms_half_load=s["p99_ms"], ingest_p50_ms_half_load=s["p50_ms"],
+                        half_load_rps=s["requests_per_s"],
+                        half_load_status_counts=s["status_counts"])
+    log(f"  half load {s['requests_per_s']:,.0f} req/s: p50 {s['p50_ms']} p99 {s['p99_ms']} ms")

@@ -1,32 +1,48 @@
-"""The processes under test and beside them: the simulated downstream (its
-stats and reset), the ingest and the relay, each started against
-bench_product and waited for until ready; `simulator provider` runs (closed
-or open loop, signed, with duplicates) and their summaries; and `Bench`, the
-state the phases share."""
+"""The processes under test and beside them (the downstream simulator, the ingest, the relays),
+`simulator provider` runs, and `Bench`, the state the phases share."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 from ports import free_port
 
-from .common import PROCS, clean_env, http, peak_rss_mib, read_lines, wait_ready
-from .config import (BIN, CFG, CONCURRENCIES, DUPLICATE_DELAY, DUPLICATE_RATE, LOGS, ORDERS, SECRET, BenchError,
-                     log)
-from .db import Db, Product, Reference
+from .common import BIN, CFG, CONCURRENCIES, DUPLICATE_DELAY, DUPLICATE_RATE, LOGS, ORDERS
+from .common import SECRET, BenchError, clean_env, http, log, popen, read_lines, stop
+from .common import wait_ready
+from .db import PRODUCT, Db
+
+
+class Service:
+    def __init__(self, p: subprocess.Popen, url: str, tag: str) -> None:
+        self.p, self.url, self.tag = p, url, tag
+
+    def rss(self) -> float | None:
+        """Peak resident memory (VmHWM) in MiB, while it runs."""
+        try:
+            status = Path(f"/proc/{self.p.pid}/status").read_text()
+        except OSError:
+            return None
+        m = re.search(r"^VmHWM:\s+(\d+)", status, re.M)
+        return round(int(m.group(1)) / 1024, 1) if m else None
+
+    def stop(self) -> None:
+        if (rc := stop(self.p, grace=20)) not in (0, None):
+            log(f"  note: {self.tag} exited {rc} on SIGTERM")
 
 
 class Bench:
-    """What the phases share: the databases, the processes running (the
-    downstream, the ingest, the relays), the report's keys, the details,
-    each phase's errors and wall time."""
+    """The databases, the processes running, the report's keys and details, each phase's
+    errors and wall time."""
 
     def __init__(self, db: Db) -> None:
-        self.db, self.product, self.ref = db, Product(db), Reference(db)
+        self.db = db
         self.report: dict = {"mode": CFG["mode"], "config": dict(CFG)}
         self.details, self.phases, self.errors, self.rss = {}, {}, {}, {}
         self.ingest: Service | None = None
@@ -38,19 +54,12 @@ class Bench:
     def peak_rps(self) -> float:
         """The ingest's closed-loop peak, or BENCH_PEAK_RPS without the ingest phase."""
         peak = max(self.report.get(f"ingest_rps_c{c}") or 0 for c in CONCURRENCIES)
-        if not (peak or os.environ.get("BENCH_PEAK_RPS")):
+        if not (peak := peak or float(os.environ.get("BENCH_PEAK_RPS", 0))):
             raise BenchError("no ingest peak measured")
-        return float(peak or os.environ["BENCH_PEAK_RPS"])
-
-    def e2e_peak_rps(self) -> float:
-        """The deployed shape's peak (relay.end_to_end_peak): webhooks answered
-        and delivered per second of the machine's cores."""
-        if not self.report.get("e2e_peak_rps"):
-            raise BenchError("no end-to-end peak measured (the relay phase measures it)")
-        return self.report["e2e_peak_rps"]
+        return peak
 
     def record_rss(self) -> None:
-        """Peak RSS (VmHWM) of the ingest and the relays, after the load phases."""
+        """Peak RSS of the ingest and the relays, after the load phases."""
         if self.ingest:
             self.rss["ingest"] = self.ingest.rss()
         self.rss.update({f"relay_{s.tag}": s.rss() for s in self.relays if s.p.poll() is None})
@@ -65,17 +74,15 @@ class Bench:
                 relay.stop()
 
     def start_downstream(self) -> None:
-        p = PROCS.popen([BIN / "simulator", "downstream", "--listen", "127.0.0.1:0"], env=clean_env(),
-                        stdout=subprocess.PIPE, stderr=open(LOGS / "downstream.log", "ab"))
-        # Its only line on stdout: {"listening":"ADDR"}.
-        line = read_lines(p, lambda _: True, timeout=30)[0][0]
-        try:
-            self.downstream, self.downstream_url = p, f"http://{json.loads(line)['listening']}"
-        except (ValueError, KeyError):
-            raise BenchError(f"simulator downstream: unexpected first line {line!r}")
+        p = popen([BIN / "simulator", "downstream", "--listen", "127.0.0.1:0"],
+                        env=clean_env(), stdout=subprocess.PIPE,
+                        stderr=open(LOGS / "downstream.log", "ab"))
+        line = read_lines(p, lambda _: True, timeout=30)[0][0]  # {"listening":"ADDR"}
+        self.downstream, self.downstream_url = p, f"http://{json.loads(line)['listening']}"
 
     def stats(self, keys: bool = False, timeout: float = 60.0) -> dict:
-        status, body = http(f"{self.downstream_url}/stats" + ("" if keys else "?keys=false"), timeout=timeout)
+        url = f"{self.downstream_url}/stats" + ("" if keys else "?keys=false")
+        status, body = http(url, timeout=timeout)
         if status != 200:
             raise BenchError(f"downstream /stats answered {status}")
         return json.loads(body)
@@ -84,46 +91,52 @@ class Bench:
         if http(f"{self.downstream_url}/control/reset", post=True)[0] >= 300:
             raise BenchError("downstream /control/reset failed")
 
-    def start_ingest(self, tag: str, extra_env: dict | None = None) -> Service:
+    def reset(self) -> None:
+        """bench_product's reset state and a downstream that saw nothing yet."""
+        self.db.reset_product(CFG["product_history"])
+        self.reset_downstream()
+
+    def start_ingest(self, tag: str, env: dict | None = None) -> Service:
         port = free_port()
-        env = {"WEBHOOK_SECRETS": SECRET, "INGEST_LISTEN_ADDR": f"127.0.0.1:{port}", **(extra_env or {})}
+        env = {"WEBHOOK_SECRETS": SECRET, "INGEST_LISTEN_ADDR": f"127.0.0.1:{port}", **(env or {})}
         return self.start_service("webhook-ingest", tag, env, f"http://127.0.0.1:{port}")
 
-    def start_relay(self, tag: str, extra_env: dict | None = None) -> Service:
-        env = {"FULFILMENT_URL": self.downstream_url, "EMAIL_URL": self.downstream_url, **(extra_env or {})}
-        return self.start_service("outbox-relay", tag, env)
+    def start_relay(self, tag: str, env: dict | None = None) -> Service:
+        urls = {"FULFILMENT_URL": self.downstream_url, "EMAIL_URL": self.downstream_url}
+        return self.start_service("outbox-relay", tag, {**urls, **(env or {})})
 
     def start_service(self, binary: str, tag: str, env: dict, url: str = "") -> Service:
         admin = free_port()
-        env = clean_env({"DATABASE_URL": self.db.url(Product.DB), "ADMIN_LISTEN_ADDR": f"127.0.0.1:{admin}", **env})
-        p = PROCS.popen([BIN / binary], env=env, stdout=open(LOGS / f"{binary.split('-')[-1]}-{tag}.log", "ab"),
-                        stderr=subprocess.STDOUT)
+        env = clean_env({"DATABASE_URL": self.db.url(PRODUCT),
+                         "ADMIN_LISTEN_ADDR": f"127.0.0.1:{admin}", **env})
+        logf = open(LOGS / f"{binary.split('-')[-1]}-{tag}.log", "ab")
+        p = popen([BIN / binary], env=env, stdout=logf, stderr=subprocess.STDOUT)
         wait_ready(f"http://127.0.0.1:{admin}/readyz", p, f"{binary} ({tag})")
         return Service(p, url, tag)
 
-
-class Service:
-    def __init__(self, p: subprocess.Popen, url: str, tag: str) -> None:
-        self.p, self.url, self.tag = p, url, tag
-        self.rss = lambda: peak_rss_mib(p.pid)
-
-    def stop(self) -> None:
-        if (rc := PROCS.stop(self.p, grace=20)) not in (0, None):
-            log(f"  note: {self.tag} exited {rc} on SIGTERM")
+    def run_new_ingest(self, tag: str, secs: float, database: str = PRODUCT) -> dict:
+        """A new ingest on `database`, 64 senders for `secs`, stopped after."""
+        ingest = self.start_ingest(tag, {"DATABASE_URL": self.db.url(database)})
+        try:
+            s = provider_run(ingest, tag, concurrency=64, secs=secs)
+        finally:
+            ingest.stop()
+        log(f"  c64 {tag}: {s['requests_per_s']:,.0f} req/s, p99 {s['p99_ms']} ms")
+        return s
 
 
 RUN_SEQ = [0]
 
 
 def provider_args(target: str, tag: str, *extra) -> list:
-    """`simulator provider` signing with the bench's secret, a run id of its
-    own (so no run's idempotency keys meet another's), then `extra`."""
+    """`simulator provider` with the bench's secret and a run id of its own (so no run's
+    idempotency keys meet another's)."""
     RUN_SEQ[0] += 1
-    return [BIN / "simulator", "provider", "--target", target, "--secret", SECRET, "--no-progress",
-            "--run-id", f"b{int(time.time())}{RUN_SEQ[0]:02d}{tag}", "--allow-failures",
-            # Bounded: an overloaded ingest (503 at its deadline) is retried for
-            # at most this long per event, not the provider's default 120 s.
-            "--give-up-after-ms", "15000", *extra]
+    return [BIN / "simulator", "provider", "--target", target, "--secret", SECRET,
+            "--no-progress", "--run-id", f"b{int(time.time())}{RUN_SEQ[0]:02d}{tag}",
+            # Bounded: an overloaded ingest (503 at its deadline) is retried for at most
+            # this long per event, not the provider's default 120 s.
+            "--allow-failures", "--give-up-after-ms", "15000", *extra]
 
 
 def parse_summary(out: str, what: str) -> dict:
@@ -133,39 +146,31 @@ def parse_summary(out: str, what: str) -> dict:
     raise BenchError(f"{what}: no JSON summary on stdout")
 
 
-def provider_run(ingest: Service, tag: str, during=None, *, concurrency: int | None = None, rate: float | None = None,
-                 secs: float, orders: int = ORDERS) -> dict:
-    """One provider run against `ingest` to completion (`rate`: open loop,
-    events/s; else `concurrency` senders); its summary. With `during`, a
-    function called once the provider has started: the run ends (SIGTERM,
-    the provider then prints its summary) when it returns, if `secs` has
-    not ended it before."""
-    args = provider_args(ingest.url, tag, "--duration-secs", f"{secs:g}", "--duplicate-rate", DUPLICATE_RATE,
-                         "--duplicate-delay-ms", DUPLICATE_DELAY, "--orders", orders, "--json",
-                         *(["--rate", f"{rate:.1f}"] if rate is not None else ["--concurrency", concurrency]))
+def provider_run(ingest: Service, tag: str, during=None, *, concurrency: int | None = None,
+                 rps: float | None = None, secs: float, orders: int = ORDERS) -> dict:
+    """One provider run against `ingest`, open loop at `rps` deliveries/s (10% of its events
+    are delivered twice), else `concurrency` senders: its summary. With `during`, a function
+    called once it started: the run ends when it returns, if `secs` has not ended it."""
+    load = ["--concurrency", concurrency] if rps is None else [
+        "--rate", f"{rps / (1 + DUPLICATE_RATE):.1f}"]
+    args = provider_args(ingest.url, tag, "--duration-secs", f"{secs:g}", "--duplicate-rate",
+                         DUPLICATE_RATE, "--duplicate-delay-ms", DUPLICATE_DELAY, "--orders",
+                         orders, "--json", *load)
     with open(LOGS / f"provider-{tag}.log", "ab") as errf:
-        p = PROCS.popen(args, env=clean_env(), stdout=subprocess.PIPE, stderr=errf)
+        p = popen(args, env=clean_env(), stdout=subprocess.PIPE, stderr=errf)
         try:
             if during is not None:
                 during()
                 if p.poll() is None:
-                    p.send_signal(signal.SIGTERM)
+                    p.send_signal(signal.SIGTERM)  # it then prints its summary
             out, _ = p.communicate(timeout=secs + 120)
         except subprocess.TimeoutExpired:
             raise BenchError(f"provider {tag} did not finish within {secs + 120:.0f}s")
         finally:
-            PROCS.stop(p)
-    return parse_summary(out.decode(), f"provider {tag}")
-
-
-def summary_brief(s: dict) -> dict:
-    """What the report keeps of a provider's summary."""
-    out = {"requests_per_s": round(s["deliveries_per_sec"], 1),
-           "new_events_per_s": round(s.get("outcomes", {}).get("processed", 0) / s["elapsed_secs"], 1)
-           if s.get("elapsed_secs") else None,
-           **{f"{k}_ms": s.get("latency_ms", {}).get(k) for k in ("p50", "p90", "p99", "p999", "max")},
-           **{k: s.get(k) for k in ("deliveries", "events", "elapsed_secs", "status_counts", "outcomes")}}
-    bad = {k: v for k, v in (s.get("status_counts") or {}).items() if k != "200"}
-    if bad or s.get("failed") or s.get("timeouts") or s.get("connection_errors"):
-        out["problems"] = {"non_200": bad, **{k: s.get(k) for k in ("failed", "timeouts", "connection_errors")}}
-    return out
+            stop(p)
+    s = parse_summary(out.decode(), f"provider {tag}")
+    elapsed, processed = s["elapsed_secs"], s["outcomes"].get("processed", 0)
+    s.update({f"{k}_ms": s["latency_ms"][k] for k in ("p50", "p99", "p999", "max")},
+             requests_per_s=round(s["deliveries_per_sec"], 1),
+             new_events_per_s=round(processed / elapsed, 1) if elapsed else None)
+    return s
