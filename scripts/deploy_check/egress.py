@@ -1,97 +1,90 @@
-"""NetworkPolicies: selectors, peers and ports as deploy-check reads them
-(for the console and the CloudNativePG Cluster too), and the egress to
-PostgreSQL (5432) and HTTPS (443): each overlay sets where the services may
-reach them, as variables (its `network-egress` ConfigMap, copied into the
-policies by `replacements`) in place of the base's placeholders."""
+"""NetworkPolicies as deploy-check reads them, and the egress to PostgreSQL (5432)
+and HTTPS (443) at the ranges each overlay sets (its `network-egress` ConfigMap,
+which `replacements` copy into the policies in place of the base's placeholders)."""
 
 from __future__ import annotations
 
 import ipaddress
 import json
 
-from .render import ident
+from .render import dig, ident
 
-GUARDED, METADATA = {5432: "PostgreSQL", 443: "HTTPS"}, ipaddress.ip_network("169.254.169.254/32")
+GUARDED, METADATA = (5432, 443), ipaddress.ip_network("169.254.169.254/32")
 
 
 def selects(selector: dict | None, labels: dict | None) -> bool:
-    """A label selector matching labels: matchLabels only, as the manifests use (any other fails closed)."""
+    """matchLabels only, as the manifests use (any other selector fails closed)."""
     return selector is not None and set(selector) <= {"matchLabels"} and all(
         (labels or {}).get(k) == v for k, v in (selector.get("matchLabels") or {}).items())
 
 
 def opens(rule: dict, port: int, name: str | None = None) -> bool:
-    """Whether a rule opens this port (by number, or the container port's name); one without ports opens all."""
+    """Whether a rule opens this port (by number, or the container port's name)."""
     return not rule.get("ports") or any(
         p.get("port") is None or p.get("port") == name
         or (isinstance(p.get("port"), int) and p["port"] <= port <= (p.get("endPort") or p["port"]))
         for p in rule["ports"])
 
 
-def peer_admits(peer: dict, labels: dict, ns: str | None) -> bool:
-    """Whether a NetworkPolicy peer matches pods with these labels in the
-    namespace `ns` (the policy's own), or, ns None, in another namespace
-    whose labels are not known here (any namespaceSelector may name it).
-    An ipBlock is addresses, not pods: nothing to tell offline."""
-    namespace = ns is not None and "namespaceSelector" in peer
-    return "ipBlock" not in peer and ("namespaceSelector" in peer or ns is not None) and (
-        not namespace or selects(peer["namespaceSelector"], {"kubernetes.io/metadata.name": ns})) and (
-        "podSelector" not in peer or selects(peer["podSelector"], labels))
+def admits(objs: list[dict], ns: str | None, labels: dict, direction: str, port: int, peer: dict) -> bool:
+    """Whether the NetworkPolicies of `ns` let its pods with `labels` send to (Egress) or receive
+    from (Ingress) its pods with the labels `peer` on `port`: none selects them, or a rule does."""
+    mine = {"kubernetes.io/metadata.name": ns}
+
+    def matches(to: dict) -> bool:
+        return "ipBlock" not in to and selects(to.get("namespaceSelector", {"matchLabels": mine}), mine) \
+            and selects(to.get("podSelector", {}), peer)
+    policies = [p["spec"] for p in objs if p.get("kind") == "NetworkPolicy"
+                and p["metadata"].get("namespace") == ns and selects(p["spec"].get("podSelector"), labels)]
+    policies = [p for p in policies  # policyTypes' default: Ingress, and Egress if it has egress rules
+                if direction in (p.get("policyTypes") or ["Ingress"] + ["Egress"] * ("egress" in p))]
+    rules = [rule for p in policies for rule in p.get(direction.lower()) or []]
+    return not policies or any(opens(rule, port, "postgresql") and any(
+        map(matches, rule.get("to" if direction == "Egress" else "from") or [{}])) for rule in rules)
 
 
-def policies_selecting(objs: list[dict], ns: str | None, labels: dict, direction: str) -> list[dict]:
-    """The NetworkPolicies that select these pods for a direction (policyTypes
-    defaults to Ingress, plus Egress when the policy has egress rules)."""
-    return [p for p in objs if p.get("kind") == "NetworkPolicy" and p["metadata"].get("namespace") == ns
-            and selects(p["spec"].get("podSelector") or {}, labels)
-            and direction in (p["spec"].get("policyTypes") or ["Ingress"] + ["Egress"] * ("egress" in p["spec"]))]
+def narrow(cidr: str) -> bool:
+    """A range (not a placeholder left), neither everything nor the cloud metadata endpoint."""
+    try:
+        net = ipaddress.ip_network(cidr, strict=False)
+    except ValueError:
+        return False
+    return net.prefixlen > 0 and not (net.version == 4 and net.overlaps(METADATA))
 
 
 def check_egress(objs: list[dict]) -> list[str]:
-    """NetworkPolicies reach 5432 and 443 only at the overlay's configured ranges
-
-    For 5432 alone, the pods of a Cluster of the render may stand for the
-    range (cnpg.py checks those rules); a cidr that is no range is a
-    placeholder the overlay did not replace."""
+    """NetworkPolicies reach 5432 and 443 only at the overlay's ranges (or, on 5432, a Cluster's pods)"""
     problems = []
-    clusters = {(o["metadata"].get("namespace"), o["metadata"].get("name")) for o in objs
-                if (o.get("apiVersion"), o.get("kind")) == ("postgresql.cnpg.io/v1", "Cluster")}
+    clusters = {(o["metadata"].get("namespace"), o["metadata"]["name"]) for o in objs
+                if o["kind"] == "Cluster"}
     for policy in [o for o in objs if o.get("kind") == "NetworkPolicy"]:
+        ns = policy["metadata"].get("namespace")
         for i, rule in enumerate(policy["spec"].get("egress") or []):
-            guarded = {port for port in GUARDED if opens(rule, port)}
-            where = f"{ident(policy)}: egress[{i}] to " + " and ".join(f"{GUARDED[p]} ({p})" for p in sorted(guarded))
-            if guarded and not rule.get("to"):
-                problems.append(f"{where} allows any address: set the overlay's network-egress variable")
-            for peer in (rule.get("to") or []) if guarded else []:
-                cidr = str((peer.get("ipBlock") or {}).get("cidr", ""))
-                try:
-                    net = ipaddress.ip_network(cidr, strict=False) if "ipBlock" in peer else None
-                except ValueError:
-                    problems.append(f"{where}: cidr {cidr!r} is no address range (the overlay's variable is not set)")
-                    continue
-                cluster = ((peer.get("podSelector") or {}).get("matchLabels") or {}).get("cnpg.io/cluster")
-                if net is None and not (guarded == {5432} and list(peer) == ["podSelector"] and (
-                        policy["metadata"].get("namespace"), cluster) in clusters):
-                    problems.append(f"{where} has a selector, not the overlay's range (nor, on 5432, a Cluster's pods)")
-                elif net is not None and (net.prefixlen == 0 or (net.version == 4 and net.overlaps(METADATA))):
-                    problems.append(f"{where} allows {cidr}: everything, or the cloud metadata endpoint; narrow it")
+            guarded = [port for port in GUARDED if opens(rule, port)]
+            for peer in (rule.get("to") or [{}]) if guarded else []:  # no `to`: any address
+                cidr = dig(peer, "ipBlock", "cidr")
+                cluster = ns, dig(peer, "podSelector", "matchLabels", "cnpg.io/cluster")
+                to_cluster = guarded == [5432] and list(peer) == ["podSelector"] and cluster in clusters
+                if not (narrow(cidr) if cidr is not None else to_cluster):
+                    problems.append(f"{ident(policy)}: egress[{i}] to {guarded} opened to "
+                                    f"{peer or 'any address'}: not the overlay's range, nor a Cluster's pods")
     return problems
 
 
 def breakages(objs: list[dict]) -> list[tuple[str, list[dict]]]:
-    """Broken copies of a render that passes, which check_egress must refuse:
-    its first rule to a guarded port through an ipBlock, opened to each of
-    these instead."""
+    """(what, a broken copy of a render that passes, which check_egress must refuse): its first
+    rule to a guarded port through an ipBlock, opened to each of these instead."""
+    instead = {"no `to`": [], "0.0.0.0/0": [{"ipBlock": {"cidr": "0.0.0.0/0"}}],
+               "a placeholder": [{"ipBlock": {"cidr": "POSTGRES_CIDR"}}],
+               "a namespace selector": [{"namespaceSelector": {}}],
+               "the pods of no Cluster": [{"podSelector": {"matchLabels": {"cnpg.io/cluster": "-"}}}],
+               "169.254.0.0/16": [{"ipBlock": {"cidr": "169.254.0.0/16"}}]}
     for at, obj in enumerate(objs):
-        rules = [r for r in (obj.get("spec") or {}).get("egress") or [] if obj.get("kind") == "NetworkPolicy"
-                 and any(opens(r, port) for port in GUARDED) and any("ipBlock" in t for t in r.get("to") or [])]
+        rules = [r for r in dig(obj, "spec", "egress") or [] if obj.get("kind") == "NetworkPolicy"
+                 and any(opens(r, port) for port in GUARDED) and any("ipBlock" in t for t in r.get("to", []))]
         if rules:
             old = json.dumps({"to": rules[0]["to"]})[1:-1]
-            instead = {"no `to`": [], "0.0.0.0/0": [{"ipBlock": {"cidr": "0.0.0.0/0"}}],
-                       "a placeholder": [{"ipBlock": {"cidr": "POSTGRES_CIDR"}}],
-                       "a namespace selector": [{"namespaceSelector": {}}],
-                       "the pods of no Cluster": [{"podSelector": {"matchLabels": {"cnpg.io/cluster": "-"}}}],
-                       "169.254.0.0/16": [{"ipBlock": {"cidr": "169.254.0.0/16"}}]}
-            return [(what, objs[:at] + [json.loads(json.dumps(obj).replace(old, json.dumps({"to": to})[1:-1], 1))]
-                     + objs[at + 1:]) for what, to in instead.items()]
+            broken = [json.loads(json.dumps(obj).replace(old, json.dumps({"to": to})[1:-1], 1))
+                      for to in instead.values()]
+            return [(what, objs[:at] + [b] + objs[at + 1:]) for what, b in zip(instead, broken)]
     return []

@@ -1,8 +1,5 @@
-"""Turns a published CustomResourceDefinition into the schema file
-deploy-check reads (see README.md beside this file):
-
-    python3 extract.py VERSION "OWNER/REPO TAG PATH" < crd.yaml > GROUP_kind.json
-"""
+"""A published CRD into the schema deploy-check reads, without descriptions (README.md):
+python3 extract.py VERSION "OWNER/REPO TAG PATH" < crd.yaml > GROUP_kind.json"""
 
 import json
 import sys
@@ -11,7 +8,6 @@ import yaml
 
 
 def bare(value):
-    """Without the descriptions."""
     if isinstance(value, dict):
         return {k: bare(v) for k, v in value.items() if k != "description"}
     return [bare(v) for v in value] if isinstance(value, list) else value
@@ -19,6 +15,7 @@ def bare(value):
 
 version, source, crd = sys.argv[1], sys.argv[2], yaml.safe_load(sys.stdin)
 (served,) = [v for v in crd["spec"]["versions"] if v["name"] == version]
-json.dump({"group": crd["spec"]["group"], "version": version, "kind": crd["spec"]["names"]["kind"], "source": source,
-           "openAPIV3Schema": bare(served["schema"]["openAPIV3Schema"])}, sys.stdout, indent=1, sort_keys=True)
+json.dump({"group": crd["spec"]["group"], "version": version, "kind": crd["spec"]["names"]["kind"],
+           "source": source, "openAPIV3Schema": bare(served["schema"]["openAPIV3Schema"])},
+          sys.stdout, indent=1, sort_keys=True)
 print()
