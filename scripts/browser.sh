@@ -1,17 +1,15 @@
 #!/usr/bin/env bash
-# For the console's browser tests (tests/e2e/console): prints the paths of
-# chromedriver, chromium and axe.min.js (a line each), installing the first
-# time Debian's chromium and chromium-driver and axe-core (the accessibility
-# engine of Lighthouse and axe DevTools, pinned) from npm into target/axe.
+# For tests/e2e/console: prints the paths of chromedriver, chromium and axe.min.js,
+# installing the first time Debian's chromium and chromium-driver, and axe-core (the
+# accessibility engine of Lighthouse and axe DevTools, pinned) from npm into target/axe.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-
-AXE_VERSION=4.14.1
-axe=$PWD/target/axe/node_modules/axe-core/axe.min.js
-
 say() { printf 'browser.sh: %s\n' "$*" >&2; }
 # shellcheck source=scripts/cluster-common.sh
 . scripts/cluster-common.sh
+
+AXE_VERSION=4.14.1
+axe=$PWD/target/axe/node_modules/axe-core/axe.min.js
 browser() { [[ -x /usr/bin/chromium && -x /usr/bin/chromedriver ]]; }
 provided() { browser && [[ -s $axe ]] && grep -q "axe v$AXE_VERSION" "$axe"; }
 
@@ -20,14 +18,10 @@ if ! provided; then
   exec 9>/tmp/ops-console-browser.lock
   flock 9
   browser || apt_install chromium chromium-driver
+  if ! provided && command -v npm >/dev/null; then
+    say "installing axe-core $AXE_VERSION from the npm registry into target/axe"
+    npm install --silent --no-audit --no-fund --prefix target/axe "axe-core@$AXE_VERSION" >&2
+  fi
 fi
-if ! provided; then
-  say "installing axe-core $AXE_VERSION from the npm registry into target/axe"
-  command -v npm >/dev/null || refuse "no npm (Debian: apt-get install npm)"
-  mkdir -p target/axe
-  npm install --silent --no-audit --no-fund --prefix target/axe "axe-core@$AXE_VERSION" >&2
-fi
-provided || refuse "chromium, chromedriver or axe-core $AXE_VERSION is still missing"
-echo /usr/bin/chromedriver
-echo /usr/bin/chromium
-echo "$axe"
+provided || refuse "chromium, chromedriver or axe-core $AXE_VERSION (from npm) is still missing"
+printf '%s\n' /usr/bin/chromedriver /usr/bin/chromium "$axe"

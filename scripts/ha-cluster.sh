@@ -1,91 +1,60 @@
 #!/usr/bin/env bash
-# A throwaway high-availability PostgreSQL for `make failover`: Patroni with a
-# one-member etcd and two Postgres nodes on 127.0.0.1.
+# A throwaway high-availability PostgreSQL for `make failover`: Patroni, a
+# one-member etcd and two Postgres nodes on 127.0.0.1, from Debian's packages.
 #
 #   scripts/ha-cluster.sh start    # create (first time) and start; prints the admin URL
-#   scripts/ha-cluster.sh url      # prints the admin URL (does not start)
-#   scripts/ha-cluster.sh primary  # `<name> <postgres port> <postmaster pid>` of the leader (exit 3: none)
-#   scripts/ha-cluster.sh status   # `patronictl list` and the replication mode in force (exit 3: stopped)
-#   scripts/ha-cluster.sh stop     # both Patroni agents (and their Postgres), then etcd; the data stays
+#   scripts/ha-cluster.sh primary  # `<name> <port> <postmaster pid>` of the leader (exit 3: none)
+#   scripts/ha-cluster.sh status   # `patronictl list` and the replication mode (exit 3: stopped)
+#   scripts/ha-cluster.sh stop     # both agents (and their Postgres), then etcd; the data stays
 #   scripts/ha-cluster.sh destroy  # stop, then remove the folder
 #
-# - No proxy nor virtual IP: the URL names both nodes (libpq's multi-host
-#   form, target_session_attrs=read-write), so a new connection finds the primary.
-# - HA_CLUSTER_REPLICATION=sync (the default): Patroni's synchronous_mode, a
-#   commit waits for the standby and only it may be promoted. async: the
-#   standby is promoted however far behind, losing what it had not received.
+# - The URL names both nodes (libpq's multi-host form, target_session_attrs=read-write):
+#   a new connection finds the primary, with no proxy nor virtual IP.
+# - HA_CLUSTER_REPLICATION=sync (default) is Patroni's synchronous_mode: a commit waits
+#   for the standby, and only it may be promoted; async promotes it however far behind.
 #   `start` with the other mode switches the cluster and waits until it holds.
-# - Timings: loop_wait 1, retry_timeout 2 (with 1 no standby ever takes the
-#   leader key), ttl 5 (>= loop_wait + 2 x retry_timeout): Debian 12's Patroni
-#   3.0.2 takes them unclamped. primary_start_timeout 0: a crashed primary is
-#   not restarted in place; the standby is promoted in two or three seconds,
-#   and the old primary rejoins as its standby (pg_rewind, else a fresh copy).
-# - Debian's patroni and etcd-server, installed when missing. Security as
-#   pg-cluster.sh (cluster-common.sh), in /tmp/webhook-ha-<key> (HA_CLUSTER_DIR):
-#   random passwords in 0600 files for the superuser, replication, Patroni's
-#   REST API and etcd's root (so no one else may rewrite what Patroni applies).
-# - Ports from HA_CLUSTER_PORT (default from the key, 30000..32759): +0 etcd,
-#   +1 its peers, +2/+3 the nodes' Postgres, +4/+5 their REST APIs. Logs:
-#   etcd.log, node*/patroni.log. The daemons are detached (setsid, stdin
-#   /dev/null), so a caller reading this script's output never waits on them.
+# - loop_wait 1, retry_timeout 2 (with 1 no standby ever takes the leader key), ttl 5
+#   (>= loop_wait + 2 x retry_timeout; Debian's Patroni 3.0.2 takes them unclamped).
+#   primary_start_timeout 0: a crashed primary is not restarted in place; the standby is
+#   promoted, and the old primary rejoins as its standby (pg_rewind, else a fresh copy).
+# - Security as pg-cluster.sh's, in /tmp/webhook-ha-<key> (HA_CLUSTER_DIR); random passwords
+#   for the superuser, replication, the REST API and etcd's root (no one else rewrites the DCS).
+# - Ports from HA_CLUSTER_PORT: +0 etcd, +1 its peers, +2/+3 Postgres, +4/+5 REST APIs.
 set -euo pipefail
-
-root=$(cd "$(dirname "$0")/.." && pwd -P)
-key=$(printf '%s' "$root" | sha1sum | cut -c1-10)
-base=${HA_CLUSTER_DIR:-/tmp/webhook-ha-$key}
-base=${base%/}
-port=${HA_CLUSTER_PORT:-$((30000 + 0x${key:0:4} % 460 * 6))}
-replication=${HA_CLUSTER_REPLICATION:-sync}
-nodes=(node1 node2)
 
 say() { printf 'ha-cluster: %s\n' "$*" >&2; }
 # shellcheck source=scripts/cluster-common.sh
 . "$(dirname "$0")/cluster-common.sh"
-usage() { say "$*"; exit 2; }
-[[ $port =~ ^[1-9][0-9]*$ && $port -ge 1024 && $port -le 65530 ]] \
-  || usage "HA_CLUSTER_PORT must be a number in 1024..65530 (it uses six ports from it), not '$port'"
-[[ $replication =~ ^(sync|async)$ ]] || usage "HA_CLUSTER_REPLICATION must be sync or async, not '$replication'"
 
+key=$(checkout_key)
+base=${HA_CLUSTER_DIR:-/tmp/webhook-ha-$key}
+base=${base%/}
+port=${HA_CLUSTER_PORT:-$((30000 + 0x${key:0:4} % 460 * 6))}
+replication=${HA_CLUSTER_REPLICATION:-sync}
+[[ $replication =~ ^(sync|async)$ ]] || { say "HA_CLUSTER_REPLICATION: sync or async"; exit 2; }
+synchronous_mode=$([ "$replication" = sync ] && echo true || echo false)
+nodes=(node1 node2)
 pg_port() { echo $((port + 1 + ${1#node})); }
 api_port() { echo $((port + 3 + ${1#node})); }
 hosts=127.0.0.1:$(pg_port node1),127.0.0.1:$(pg_port node2)
 
 find_software() {
+  command -v patronictl >/dev/null && command -v etcd >/dev/null && [ -n "$(find_bindir)" ] \
+    || apt_install postgresql postgresql-contrib patroni etcd-server
   bindir=$(find_bindir)
-  local missing=()
-  [ -n "$bindir" ] || missing+=(postgresql postgresql-contrib)
-  command -v patronictl >/dev/null || missing+=(patroni)
-  command -v etcd >/dev/null || missing+=(etcd-server)
-  [ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"
-  bindir=$(find_bindir)
-  [ -x "$bindir/pg_rewind" ] || refuse "could not find or install PostgreSQL's server binaries and pg_rewind"
-  command -v patronictl >/dev/null || refuse "could not find or install patroni"
-  command -v etcd >/dev/null || refuse "could not find or install etcd"
-}
-
-# secret NAME: the password in $base/NAME.password, read by the server's user.
-secret() { run_as head -n 1 -- "$base/$1.password" 2>/dev/null || true; }
-
-admin_url() {
-  local pw
-  pw=$(secret admin)
-  [ -n "$pw" ] || refuse "no admin password in $base/admin.password yet: run scripts/ha-cluster.sh start"
-  echo "postgres://postgres:$pw@$hosts/postgres?target_session_attrs=read-write"
+  [ -x "$bindir/pg_rewind" ] || refuse "could not find or install PostgreSQL's pg_rewind"
 }
 
 # patroni_config NODE: its configuration (with the passwords: mode 0600).
 patroni_config() {
-  local dir=$base/$1 sync=true
-  [ "$replication" = sync ] || sync=false
   cat <<YAML
 scope: webhook-ha-$port
-namespace: /webhook-ha/
 name: $1
 restapi:
   listen: 127.0.0.1:$(api_port "$1")
   connect_address: 127.0.0.1:$(api_port "$1")
-  authentication: {username: patroni, password: '$(secret restapi)'}
-etcd3: {hosts: '127.0.0.1:$port', protocol: http, username: root, password: '$(secret etcd)'}
+  authentication: {username: patroni, password: '$(secret restapi.password)'}
+etcd3: {hosts: '127.0.0.1:$port', username: root, password: '$(secret etcd.password)'}
 bootstrap:
   dcs:
     ttl: 5
@@ -93,29 +62,25 @@ bootstrap:
     retry_timeout: 2
     maximum_lag_on_failover: 1099511627776
     primary_start_timeout: 0
-    synchronous_mode: $sync
-    postgresql:
-      use_pg_rewind: true
-      use_slots: true
-      parameters: {wal_log_hints: 'on', max_connections: 300}
+    synchronous_mode: $synchronous_mode
+    postgresql: {use_pg_rewind: true, parameters: {max_connections: 300}}
   initdb: [{encoding: UTF8}, {locale: C.UTF-8}, {auth-local: trust}, {auth-host: scram-sha-256}]
 postgresql:
   listen: 127.0.0.1:$(pg_port "$1")
   connect_address: 127.0.0.1:$(pg_port "$1")
-  data_dir: $dir/data
+  data_dir: $base/$1/data
   bin_dir: $bindir
-  pgpass: $dir/pgpass
+  pgpass: $base/$1/pgpass
   use_unix_socket: true
   remove_data_directory_on_rewind_failure: true
   remove_data_directory_on_diverged_timelines: true
   authentication:
-    superuser: {username: postgres, password: '$(secret admin)'}
-    replication: {username: replicator, password: '$(secret replication)'}
-  parameters: {unix_socket_directories: '$dir'}
+    superuser: {username: postgres, password: '$(secret admin.password)'}
+    replication: {username: replicator, password: '$(secret replication.password)'}
+  parameters: {unix_socket_directories: '$base/$1'}
   pg_hba:
     - local all all trust
     - host all all 127.0.0.1/32 scram-sha-256
-    - local replication all trust
     - host replication replicator 127.0.0.1/32 scram-sha-256
 # safety_margin -1: else Patroni warns at every loop that so short a ttl leaves no room for a watchdog.
 watchdog: {mode: 'off', safety_margin: -1}
@@ -124,10 +89,8 @@ YAML
 
 # patronictl, as the server's user, with node1's configuration (etcd's password in it).
 ctl() { run_as patronictl -c "$base/node1/patroni.yml" "$@" </dev/null; }
-
 # api NODE PATH: the body of Patroni's REST answer (fails unless 200).
 api() { curl -sf --max-time 2 "http://127.0.0.1:$(api_port "$1")$2"; }
-
 # etcd_call PATH: a request to etcd's JSON gateway, its body on stdin.
 etcd_call() { curl -sf --max-time 10 -X POST --data-binary @- "http://127.0.0.1:$port/v3/$1"; }
 
@@ -139,8 +102,8 @@ etcd_up() {
 # etcd's user root (role root) with etcd.password, then authentication on.
 etcd_auth() {
   local user
-  user=$(printf '{"name": "root", "password": "%s"}' "$(secret etcd)")
-  [[ $(etcd_call auth/authenticate <<<"$user") == *'"token"'* ]] && return
+  user=$(printf '{"name": "root", "password": "%s"}' "$(secret etcd.password)")
+  # Each refused once authentication is on.
   etcd_call auth/role/add <<<'{"name": "root"}' >/dev/null || true
   etcd_call auth/user/add <<<"$user" >/dev/null || true
   etcd_call auth/user/grant <<<'{"user": "root", "role": "root"}' >/dev/null || true
@@ -156,32 +119,26 @@ pid_of() {
   echo "$pid"
 }
 
-# launch NAME LOG COMMAND...: COMMAND detached (no descriptor of ours), run by
-# the server's user from the folder; its pid in $base/NAME.pid.
+# launch NAME LOG COMMAND...: COMMAND detached (setsid, no descriptor of ours: a caller
+# reading our output never waits on it), run by the server's user from the folder.
 launch() {
-  # shellcheck disable=SC2016 # expanded by the inner bash
   run_as bash -c 'umask 077; cd "$1"; pidfile=$2; log=$3; shift 3
     setsid "$@" </dev/null >>"$log" 2>&1 & echo $! >"$pidfile"' launch "$base" "$base/$1.pid" "$2" "${@:3}" 9>&-
 }
 
 fail() {
-  local log
-  say "$*"
-  for log in etcd.log node1/patroni.log node2/patroni.log; do
-    say "the last lines of $base/$log:"
-    run_as tail -n 25 -- "$base/$log" >&2 2>/dev/null || true
-  done
+  say "$*; the logs' last lines:"
+  run_as tail -n 25 -- "$base"/{etcd.log,node1/patroni.log,node2/patroni.log} >&2 || true
   exit 1
 }
 
 # wait_for SECONDS COMMAND...: until COMMAND succeeds; fails, saying $why,
 # after SECONDS or once a daemon in $started has exited.
 wait_for() {
-  local timeout=$1 deadline=$((SECONDS + $1)) name
-  shift
-  until "$@"; do
+  local deadline=$((SECONDS + $1)) name
+  until "${@:2}"; do
     for name in "${started[@]}"; do pid_of "$name" >/dev/null || fail "$name exited"; done
-    ((SECONDS < deadline)) || fail "not ready within ${timeout}s: $why"
+    ((SECONDS < deadline)) || fail "not ready within ${1}s: $why"
     sleep 0.3
   done
 }
@@ -199,11 +156,6 @@ leader() {
   return 3
 }
 
-# psql_on NODE SQL: unaligned output, over the node's socket.
-psql_on() {
-  run_as "$bindir/psql" -X -A -t -q -h "$base/$1" -p "$(pg_port "$1")" -U postgres -d postgres -c "$2" 2>/dev/null
-}
-
 # ready MODE: a node is the primary and the other streams from it: as its
 # synchronous standby (sync), an asynchronous one (async), or either (any).
 ready() {
@@ -212,29 +164,24 @@ ready() {
   lead=$(leader) || return 1
   [ "$lead" != node1 ] || other=node2
   why="$other does not stream from $lead"
-  state=$(psql_on "$lead" "SELECT sync_state FROM pg_catalog.pg_stat_replication
-    WHERE application_name = '$other' AND state = 'streaming' LIMIT 1") || return 1
+  state=$(run_as "$bindir/psql" -X -Atq -h "$base/$lead" -p "$(pg_port "$lead")" -U postgres \
+    -c "SELECT sync_state FROM pg_stat_replication
+        WHERE application_name = '$other' AND state = 'streaming' LIMIT 1" 2>/dev/null) || return 1
   [ -n "$state" ] || return 1
   why="$1 replication is not in force yet ($other: $state)"
-  case $1 in
-    sync | async) [ "$state" = "$1" ] && api "$other" "/$1" >/dev/null ;;
-  esac
+  [ "$1" = any ] || { [ "$state" = "$1" ] && api "$other" "/$1" >/dev/null; }
 }
 
 # sync or async, as the dynamic configuration in etcd says.
 mode() {
-  local config
-  config=$(ctl show-config 2>/dev/null) || { echo unknown; return; }
-  if grep -qx 'synchronous_mode: true' <<<"$config"; then echo sync; else echo async; fi
+  ctl show-config 2>/dev/null | grep -x 'synchronous_mode: true' >/dev/null && echo sync || echo async
 }
 
 start() {
   find_software
   pick_user
   make_base
-  # Concurrent callers wait for one another here.
-  exec 9<"$base"
-  flock 9
+  lock_base
   local name node current peer=http://127.0.0.1:$((port + 1))
   for name in admin replication restapi etcd; do
     run_as test -s "$base/$name.password" || new_password | put "$base/$name.password" 0600
@@ -242,10 +189,10 @@ start() {
   for node in "${nodes[@]}" etcd; do run_as mkdir -p -m 0700 -- "$base/$node"; done
   for node in "${nodes[@]}"; do patroni_config "$node" | put "$base/$node/patroni.yml" 0600; done
   if ! pid_of etcd >/dev/null; then
-    launch etcd "$base/etcd.log" etcd --name ha --data-dir "$base/etcd" --initial-cluster-token "webhook-ha-$port" \
+    launch etcd "$base/etcd.log" etcd --name ha --data-dir "$base/etcd" \
       --listen-client-urls "http://127.0.0.1:$port" --advertise-client-urls "http://127.0.0.1:$port" \
       --listen-peer-urls "$peer" --initial-advertise-peer-urls "$peer" --initial-cluster "ha=$peer" \
-      --auto-compaction-mode revision --auto-compaction-retention 1000 --logger zap --log-level warn
+      --logger zap --log-level warn
   fi
   started=(etcd)
   wait_for 30 etcd_up
@@ -261,11 +208,11 @@ start() {
   current=$(mode)
   if [ "$current" != "$replication" ]; then
     say "switching the cluster from $current to $replication replication"
-    ctl edit-config --force --quiet --set "synchronous_mode=$([ "$replication" = sync ] && echo true || echo false)" \
-      >/dev/null || refuse "could not set synchronous_mode with patronictl edit-config"
+    ctl edit-config --force --quiet --set "synchronous_mode=$synchronous_mode" >/dev/null \
+      || refuse "could not set synchronous_mode with patronictl edit-config"
   fi
   wait_for 60 ready "$replication"
-  admin_url
+  admin_url "$hosts" "?target_session_attrs=read-write"
 }
 
 # Pids of the processes working from the folder: none after stop.
@@ -286,24 +233,18 @@ stop() {
   pick_user
   exists || return 0
   check_base
-  bindir=$(find_bindir)
-  exec 9<"$base"
-  flock 9
+  lock_base
   local node pid pids signal
   # Both agents at once: each stops its Postgres (fast), and an agent told
   # to stop never promotes its standby.
   for node in "${nodes[@]}"; do
     if pid=$(pid_of "$node"); then kill -TERM "$pid" 2>/dev/null || true; fi
   done
-  for node in "${nodes[@]}"; do
-    stopped "$node"
-    # Its Postgres, had its agent to be killed.
-    run_as "$bindir/pg_ctl" -D "$base/$node/data" -m fast -w -t 30 stop >/dev/null 2>&1 9>&- || true
-  done
+  for node in "${nodes[@]}"; do stopped "$node"; done
   if pid=$(pid_of etcd); then kill -TERM "$pid" 2>/dev/null || true; fi
   stopped etcd
-  # Anything still working from the folder (the backends of a killed
-  # postmaster, say): TERM, then KILL.
+  # Anything still working from the folder: the Postgres of a killed agent, the
+  # backends of a killed postmaster.
   for signal in TERM KILL; do
     mapfile -t pids < <(leftovers)
     [ ${#pids[@]} -gt 0 ] || break
@@ -333,23 +274,16 @@ primary() {
 
 status() {
   pick_user
-  exists || { echo "no cluster ($base)"; exit 3; }
-  check_base
-  pid_of etcd >/dev/null || { echo "stopped ($base)"; exit 3; }
-  bindir=$(find_bindir)
+  exists && check_base && pid_of etcd >/dev/null || { echo "stopped ($base)"; exit 3; }
   ctl list 2>&1 || true
-  local lead names="?"
-  if lead=$(leader); then names=$(psql_on "$lead" "SHOW synchronous_standby_names") || true; fi
-  echo "replication: $(mode) (on the primary ${lead:-(none)} synchronous_standby_names = '$names')"
-  echo "admin: postgres://postgres@$hosts/postgres?target_session_attrs=read-write"
+  echo "replication: $(mode)"
 }
 
 case "${1:-start}" in
   start) start ;;
-  url) existing_base; admin_url ;;
   primary) primary ;;
   status) status ;;
   stop) stop ;;
   destroy) stop; destroy ;;
-  *) echo "usage: $0 start|url|primary|status|stop|destroy" >&2; exit 2 ;;
+  *) echo "usage: $0 start|primary|status|stop|destroy" >&2; exit 2 ;;
 esac

@@ -1,15 +1,9 @@
-"""A free port on 127.0.0.1 for a server about to start, as testkit's
-free_port picks one (crates/testkit/src/net.rs): at random below the kernel's
-ephemeral range, never in it. Outgoing connections take their local ports
-from that range, so a port of it, free when picked, can be taken before the
-server binds it."""
-
-from __future__ import annotations
+"""A free port on 127.0.0.1 for a server about to start, as testkit's free_port picks
+one (crates/testkit/src/net.rs): at random below the kernel's ephemeral range, never
+in it, where an outgoing connection could take it before the server binds it."""
 
 import random
 import socket
-
-LOWEST = 10_000
 
 
 def free_port() -> int:
@@ -18,8 +12,8 @@ def free_port() -> int:
             highest = int(f.read().split()[0]) - 1
     except (OSError, ValueError, IndexError):
         highest = 32_767
-    for _ in range(1_000 if highest > LOWEST else 0):
-        port = random.randint(LOWEST, highest)
+    for _ in range(1_000 if highest > 10_000 else 0):
+        port = random.randint(10_000, highest)
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))

@@ -1,53 +1,33 @@
 #!/usr/bin/env bash
-# `make run`: the incident, replayed end to end on loopback. Postgres (a
-# throwaway cluster unless DATABASE_URL is set), migrated and seeded with
-# orders; the simulated downstream APIs, webhook-ingest and outbox-relay; a
-# payment provider sending events with duplicates and bursts; a degraded
-# carrier slower than the provider's timeout (the trigger), then a database
-# stall that makes the provider retry requests that had succeeded (the
-# mechanism). Ends with `simulator audit`, the downstream's records against
-# the database in totals (every command had exactly one effect) and per
-# order; RESULT: FAILED and exit 1 unless both hold.
-#
-# Environment: RUN_EVENTS=3000, RUN_RATE=150 (events/s, open loop),
-# RUN_DUPLICATE_RATE=0.1, RUN_CARRIER_LATENCY_MS=p50:1500,p99:4000,
-# RUN_DEGRADED_SECS=10, RUN_STALL_SECS=2 (0: none), RUN_DIR=target/run (logs
-# and JSON), RUN_KEEP=1 (keep serving after the audit until Ctrl-C),
-# BIN_DIR=target/release, INGEST_LISTEN_ADDR, ADMIN_LISTEN_ADDR (ingest),
-# RELAY_ADMIN_LISTEN_ADDR.
+# `make run`: the incident replayed on loopback: Postgres (a throwaway cluster unless
+# DATABASE_URL is set), the simulated downstream APIs, webhook-ingest and outbox-relay; a
+# provider sending duplicates and bursts; a carrier slower than the provider's timeout (the
+# trigger), then a database stall that makes the provider retry requests that had succeeded
+# (the mechanism). Then `simulator audit`: RESULT: FAILED and exit 1 unless every command
+# had exactly one effect and every per-order rule held. Its environment is below.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bin=${BIN_DIR:-target/release}
 events=${RUN_EVENTS:-3000}
-rate=${RUN_RATE:-150}
+rate=${RUN_RATE:-150} # events/s, open loop
 dup=${RUN_DUPLICATE_RATE:-0.1}
 carrier=${RUN_CARRIER_LATENCY_MS:-p50:1500,p99:4000}
 degraded=${RUN_DEGRADED_SECS:-10}
-stall=${RUN_STALL_SECS:-2}
-dir=${RUN_DIR:-target/run}
-keep=${RUN_KEEP:-0}
-lease=${RELAY_LEASE_SECS:-10}
+stall=${RUN_STALL_SECS:-2} # 0: none
+dir=${RUN_DIR:-target/run} # logs and JSON
+keep=${RUN_KEEP:-0} # 1: serve after the audit, until Ctrl-C
 ingest_addr=${INGEST_LISTEN_ADDR:-127.0.0.1:8080}
 ingest_admin=${ADMIN_LISTEN_ADDR:-127.0.0.1:9090}
 relay_admin=${RELAY_ADMIN_LISTEN_ADDR:-127.0.0.1:9091}
-secret=${WEBHOOK_SECRETS:-whsec_ZGVtby1vbmx5LXNlY3JldC1kby1ub3QtdXNl}
+lease=10
+secret=whsec_ZGVtby1vbmx5LXNlY3JldC1kby1ub3QtdXNl
+say() { printf '[run] %s\n' "$*" >&2; }
 
-for b in webhook-ingest outbox-relay simulator; do
-  [ -x "$bin/$b" ] || { echo "run: $bin/$b is missing: run 'make release' (or set BIN_DIR)" >&2; exit 1; }
-done
 mkdir -p "$dir"
 rm -f "$dir"/*.log "$dir"/acks.jsonl "$dir"/audit.json "$dir"/provider.json
 
-# Bold only on a terminal, and not when NO_COLOR is set (no-color.org).
-if [ -t 2 ] && [ -z "${NO_COLOR:-}" ]; then
-  say() { printf '\033[1m[run]\033[0m %s\n' "$*" >&2; }
-else
-  say() { printf '[run] %s\n' "$*" >&2; }
-fi
-
 pids=()
-# shellcheck disable=SC2317 # run by the traps
 cleanup() {
   trap - INT TERM EXIT
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
@@ -56,18 +36,22 @@ cleanup() {
 trap 'say "interrupted: stopping everything"; cleanup; exit 130' INT TERM
 trap cleanup EXIT
 
+# wait_for NAME LOG COMMAND...: until COMMAND succeeds; 30 s, as a loaded machine starts slowly.
+wait_for() {
+  for _ in $(seq 300); do "${@:3}" && return; sleep 0.1; done
+  say "$1 did not start; its log:"
+  tail -n 20 "$2" >&2
+  exit 1
+}
+
 if [ -z "${DATABASE_URL:-}" ]; then
   admin=$(scripts/pg-cluster.sh start)
   psql "$admin" -qc "DROP DATABASE IF EXISTS webhook_demo WITH (FORCE)" -c "CREATE DATABASE webhook_demo"
-  DATABASE_URL=${admin%/postgres}/webhook_demo
-  # Shown without the admin password the URL carries.
-  server=${admin#*@}
-  say "Postgres: throwaway cluster, database webhook_demo (postgres://postgres@${server%/postgres})"
+  export DATABASE_URL=${admin%/postgres}/webhook_demo
+  say "Postgres: the throwaway cluster's database webhook_demo (scripts/pg-cluster.sh status)"
 fi
-export DATABASE_URL
 
 "$bin/webhook-ingest" migrate
-# Orders $1 .. $2, unpaid, with payment ids pay_$1 .. pay_$2.
 seed_orders() {
   psql "$DATABASE_URL" -qc "INSERT INTO orders (id, payment_id)
     SELECT n, 'pay_' || n FROM generate_series($1, $2) n ON CONFLICT DO NOTHING"
@@ -77,13 +61,7 @@ say "seeded orders pay_1 .. pay_$events"
 
 "$bin/simulator" downstream --listen 127.0.0.1:0 >"$dir/downstream.out" 2>"$dir/downstream.log" &
 pids+=($!)
-# Generous: on a loaded machine (a build beside it) the first start can take seconds.
-for _ in $(seq 600); do [ -s "$dir/downstream.out" ] && break; sleep 0.05; done
-if [ ! -s "$dir/downstream.out" ]; then
-  say "the downstream did not start; its log:"
-  tail -n 20 "$dir/downstream.log" >&2
-  exit 1
-fi
+wait_for downstream "$dir/downstream.log" test -s "$dir/downstream.out"
 downstream=http://$(sed -n 's/.*"listening":"\([^"]*\)".*/\1/p' "$dir/downstream.out" | head -1)
 say "downstream APIs (fulfilment, email) on $downstream"
 
@@ -92,27 +70,17 @@ WEBHOOK_SECRETS=$secret INGEST_LISTEN_ADDR=$ingest_addr ADMIN_LISTEN_ADDR=$inges
 pids+=($!)
 # A relay tuned for a demo: short timeouts and backoff, so retries show within the run.
 FULFILMENT_URL=$downstream EMAIL_URL=$downstream ADMIN_LISTEN_ADDR=$relay_admin \
-  RELAY_HTTP_TIMEOUT_MS=${RELAY_HTTP_TIMEOUT_MS:-2000} RELAY_LEASE_SECS=$lease \
-  RELAY_BACKOFF_BASE_MS=${RELAY_BACKOFF_BASE_MS:-200} RELAY_BACKOFF_MAX_SECS=${RELAY_BACKOFF_MAX_SECS:-5} \
+  RELAY_LEASE_SECS=$lease RELAY_HTTP_TIMEOUT_MS=2000 RELAY_BACKOFF_BASE_MS=200 RELAY_BACKOFF_MAX_SECS=5 \
   "$bin/outbox-relay" >"$dir/relay.log" 2>&1 &
 pids+=($!)
-
-ready() {
-  for _ in $(seq 200); do
-    curl -sf "http://$1/readyz" >/dev/null 2>&1 && return 0
-    sleep 0.05
-  done
-  say "$2 did not become ready; its log:"; tail -n 20 "$3" >&2; exit 1
-}
-ready "$ingest_admin" webhook-ingest "$dir/ingest.log"
-ready "$relay_admin" outbox-relay "$dir/relay.log"
+wait_for webhook-ingest "$dir/ingest.log" curl -sf -o /dev/null "http://$ingest_admin/readyz"
+wait_for outbox-relay "$dir/relay.log" curl -sf -o /dev/null "http://$relay_admin/readyz"
 say "webhook-ingest on http://$ingest_addr, outbox-relay running (logs in $dir)"
 
-# The timeline, beside the provider's load: a quarter, then 40 % of the way.
-degrade_at=$(awk -v e="$events" -v r="$rate" 'BEGIN { printf "%.1f", e / r * 0.25 }')
-stall_at=$(awk -v e="$events" -v r="$rate" 'BEGIN { printf "%.1f", e / r * 0.4 }')
+# The timeline, beside the provider's load: the fraction $1 of the way, in seconds.
+at() { awk -v f="$1" -v e="$events" -v r="$rate" 'BEGIN { printf "%.1f", e / r * f }'; }
 (
-  sleep "$degrade_at"
+  sleep "$(at 0.25)"
   say "carrier degraded: latency $carrier, above the provider's 1 s timeout (the incident's trigger)"
   curl -sf -X POST "$downstream/control/faults" -H 'content-type: application/json' \
     -d "{\"latency_ms\": \"$carrier\"}" >/dev/null
@@ -121,30 +89,26 @@ stall_at=$(awk -v e="$events" -v r="$rate" 'BEGIN { printf "%.1f", e / r * 0.4 }
   say "carrier recovered"
 ) &
 pids+=($!)
-if [ "$stall" != 0 ]; then
-  (
-    sleep "$stall_at"
-    say "database stall for ${stall}s: the ingest answers later than the provider waits; the provider retries"
-    psql "$DATABASE_URL" -qc "BEGIN; LOCK TABLE orders IN EXCLUSIVE MODE; SELECT pg_sleep($stall); COMMIT;" >/dev/null
-    say "database back"
-  ) &
-  pids+=($!)
-fi
+(
+  sleep "$(at 0.4)"
+  [ "$stall" != 0 ] || exit 0
+  say "database stall for ${stall}s: the ingest answers later than the provider waits; the provider retries"
+  psql "$DATABASE_URL" -qc "BEGIN; LOCK TABLE orders IN EXCLUSIVE MODE; SELECT pg_sleep($stall); COMMIT;" >/dev/null
+  say "database back"
+) &
+pids+=($!)
 
 say "provider: $events events at $rate/s, ${dup} duplicates, bursts, refunds, a 1 s timeout with retries"
-provider_status=0
 "$bin/simulator" provider --target "http://$ingest_addr" --secret "$secret" \
   --rate "$rate" --events "$events" --orders "$events" \
   --duplicate-rate "$dup" --late-duplicate-rate 0.2 --late-delay-ms 1000 \
   --burst-rate 0.02 --burst-size 5 --refund-rate 0.02 --unmatched-rate 0.01 --unknown-rate 0.01 \
-  --timeout-ms 1000 --give-up-after-ms 60000 \
-  --ack-file "$dir/acks.jsonl" --json >"$dir/provider.json" || provider_status=$?
-[ "$provider_status" = 0 ] || say "the provider did not get a 2xx for every event (exit $provider_status)"
+  --timeout-ms 1000 --give-up-after-ms 60000 --ack-file "$dir/acks.jsonl" --json >"$dir/provider.json" \
+  || say "the provider did not get a 2xx for every event (exit $?)"
 
 say "waiting for the relay to drain the outbox"
 for _ in $(seq 600); do
-  left=$(psql "$DATABASE_URL" -tAc "SELECT count(*) FROM outbox WHERE status = 'pending'")
-  [ "$left" = 0 ] && break
+  [ "$(psql "$DATABASE_URL" -tAc "SELECT count(*) FROM outbox WHERE status = 'pending'")" = 0 ] && break
   sleep 0.2
 done
 
@@ -158,14 +122,15 @@ echo
 
 result=0
 python3 - "$dir/audit.json" "$dir/provider.json" "$audit_status" <<'PY' || result=$?
-import json, sys
+import json, os, sys
 provider = json.load(open(sys.argv[2]))
-try:
-    audit = json.load(open(sys.argv[1]))
-except (OSError, ValueError):
-    audit = None
+audit = json.load(open(sys.argv[1])) if os.path.exists(sys.argv[1]) else None
 events, acked = provider["events"], provider["acknowledged"]
 problems = [] if acked == events else [f"{events - acked} events never acknowledged"]
+print(f"provider: {events} events, "
+      + ("every one acknowledged" if acked == events else f"{acked} of them acknowledged")
+      + f"; {provider['deliveries']} deliveries ({provider['duplicate_deliveries']} sent as duplicates, "
+      f"{provider['burst_deliveries']} in bursts, {provider['retries']} retries)")
 if audit is None:
     problems.append(f"the audit did not run (simulator audit exit {sys.argv[3]})")
 else:
@@ -173,32 +138,21 @@ else:
     problems += audit["exactly_once"]["problems"]
     problems += [f"{f['count']} {f['title']} (orders {' '.join(map(str, f['examples']))})"
                  for f in audit["findings"] if f["count"] and f["rule"] != "double_effects"]
-acked_text = "every one acknowledged" if acked == events else f"{acked} of them acknowledged"
-print(f"provider: {events} events, {acked_text}; {provider['deliveries']} deliveries "
-      f"({provider['duplicate_deliveries']} sent as duplicates, {provider['burst_deliveries']} in bursts, "
-      f"{provider['retries']} retries)")
-if audit is not None:
-    # The provider's deliveries against the database's: a refused or shed
-    # delivery writes no row; one the provider stopped waiting for may have.
+    # A refused delivery (4xx, 5xx) writes no row; one the provider stopped waiting for may have.
     answers = {int(code): n for code, n in provider["status_counts"].items()}
-    ok = sum(n for code, n in answers.items() if 200 <= code < 300)
-    received, distinct = audit["deliveries"], audit["distinct_events"]
-    late = received - ok
-    rows = [("sent by the provider", provider["deliveries"], "")]
-    rows += [(f"answered {code}", -n, "nothing recorded" + ": shed or past the deadline, retried" * (code == 503))
-             for code, n in sorted(answers.items()) if code >= 300]
-    if provider["connection_errors"]:
-        rows.append(("connection errors", -provider["connection_errors"], "nothing recorded"))
-    rows += [("timed out at the provider", -provider["timeouts"], ""),
-             ("  of which the ingest recorded", late, "it finished after the provider stopped waiting"),
-             ("received by the database", received, "every delivery that reached its event's row")]
+    received = audit["deliveries"]
+    late = received - sum(n for code, n in answers.items() if 200 <= code < 300)
+    refused = sum(n for code, n in answers.items() if code >= 300) + provider["connection_errors"]
+    rows = [("sent by the provider", provider["deliveries"]),
+            ("answered 4xx or 5xx, or unconnected", -refused),
+            ("timed out at the provider", -provider["timeouts"]),
+            ("  of which the ingest recorded", late),
+            ("received by the database", received)]
     print("deliveries, the provider's count against the database's:")
-    for label, n, why in rows:
-        print(f"  {label:<32} {n:>8,}" + (f"  {why}" if why else ""))
+    for label, n in rows:
+        print(f"  {label:<36} {n:>8,}")
     if not 0 <= late <= provider["timeouts"]:
         problems.append(f"the database received {received} deliveries, which the provider's answers do not explain")
-    print(f"  the database's duplicates: {received - distinct:,} = {received:,} deliveries - {distinct:,} events "
-          "(every delivery after an event's first: duplicates, burst copies and retries alike)")
 if problems:
     print("RESULT: FAILED: " + "; ".join(problems))
     sys.exit(1)

@@ -1,14 +1,8 @@
 """Schemathesis hooks for docs/openapi.yaml against a live webhook-ingest
-(crates/webhook-ingest/tests/it/openapi.rs, through SCHEMATHESIS_HOOKS).
-
-Generated requests would all stop at the signature check (401), so most are
-signed with the ingest's secret over the exact bytes sent, some steered to
-the test's seeded orders or resent (to reach every `status` and the replay
-header), some sent too large, the rest unsigned or badly signed (so the 401s
-and the 413 are checked too). The admin endpoints' text bodies are decoded,
-so they are checked as well. Environment, from the test: OPENAPI_SCHEME
-(`standard` or `stripe`), OPENAPI_SECRET, OPENAPI_PAYMENT_IDS (comma-
-separated) and OPENAPI_HOOK_SEED (a run is reproducible).
+(crates/webhook-ingest/tests/it/openapi.rs sets the OPENAPI_* variables read below).
+Generated requests would all stop at the signature check, so most are signed over
+the exact bytes sent, some steered to the seeded orders or resent (every `status`
+and the replay), some too large, the rest unsigned or badly signed (the 401s, 413).
 """
 
 import base64
@@ -25,22 +19,19 @@ from schemathesis.core import NotSet
 
 WEBHOOK_PATH = "/webhooks/payments"
 MAX_BODY_BYTES = 256 * 1024
-# A stale timestamp: further in the past than any tolerance the test sets.
+# Further in the past than any tolerance the test sets.
 STALE_SECS = 3600
 
 SCHEME = os.environ.get("OPENAPI_SCHEME", "standard")
 SECRET = os.environ.get("OPENAPI_SECRET", "")
 PAYMENT_IDS = [p for p in os.environ.get("OPENAPI_PAYMENT_IDS", "").split(",") if p]
-RANDOM = random.Random(int(os.environ.get("OPENAPI_HOOK_SEED", "1")))
-
+RANDOM = random.Random(int(os.environ.get("OPENAPI_HOOK_SEED", "1")))  # a run is reproducible
 SIGNATURE_HEADERS = {"webhook-id", "webhook-timestamp", "webhook-signature", "stripe-signature"}
 
-# How a request is signed, and how often; as_generated keeps schemathesis's
-# own header values (malformed, mostly).
+# How a request is signed, and how often; as_generated keeps schemathesis's own (malformed) headers.
 SIGNINGS = {"signed": 80, "unsigned": 6, "wrong_secret": 5, "stale": 5, "as_generated": 4}
-# What is done to a signed body first, and how often: a new `id` (generated
-# ones repeat, and so replay), a payment or refund of an order the test
-# inserted, an earlier signed body again (a redelivery), an oversized body.
+# What is done to a signed body first: a new `id` (generated ones repeat, so replay), a
+# payment or refund of a seeded order, an earlier body again (a redelivery), an oversized one.
 STEERS = {"as_generated": 40, "fresh_id": 15, "seeded_order": 30, "resend": 12, "oversized": 3}
 
 _fresh_ids = itertools.count(1)
@@ -51,21 +42,16 @@ def _pick(weighted):
     return RANDOM.choices(list(weighted), list(weighted.values()))[0]
 
 
-def _key(secret):
-    return base64.b64decode(secret.removeprefix("whsec_")) if SCHEME == "standard" else secret.encode()
-
-
 def _signature_headers(raw, secret, timestamp):
     """The headers a provider would send for `raw`."""
-    key = _key(secret)
-    ts = str(timestamp)
     if SCHEME == "standard":
+        key = base64.b64decode(secret.removeprefix("whsec_"))
         msg_id = f"msg_{next(_fresh_ids)}"
-        tag = hmac.new(key, f"{msg_id}.{ts}.".encode() + raw, hashlib.sha256).digest()
+        tag = hmac.new(key, f"{msg_id}.{timestamp}.".encode() + raw, hashlib.sha256).digest()
         signature = "v1," + base64.b64encode(tag).decode()
-        return {"webhook-id": msg_id, "webhook-timestamp": ts, "webhook-signature": signature}
-    tag = hmac.new(key, f"{ts}.".encode() + raw, hashlib.sha256).hexdigest()
-    return {"Stripe-Signature": f"t={ts},v1={tag}"}
+        return {"webhook-id": msg_id, "webhook-timestamp": str(timestamp), "webhook-signature": signature}
+    tag = hmac.new(secret.encode(), f"{timestamp}.".encode() + raw, hashlib.sha256).hexdigest()
+    return {"Stripe-Signature": f"t={timestamp},v1={tag}"}
 
 
 def _serialize(body):
@@ -74,8 +60,6 @@ def _serialize(body):
         return b""
     if isinstance(body, bytes):
         return body
-    if body is None:
-        return b"null"
     return json.dumps(body, allow_nan=False).encode("utf-8")
 
 
@@ -90,11 +74,8 @@ def _steer(case):
         body = case.body if isinstance(case.body, dict) else {}
         data = body.get("data") if isinstance(body.get("data"), dict) else {}
         data["payment_id"] = RANDOM.choice(PAYMENT_IDS)
-        body.update(
-            id=f"evt_openapi_{next(_fresh_ids)}",
-            type=RANDOM.choice(["payment.succeeded", "payment.succeeded", "payment.refunded"]),
-            data=data,
-        )
+        kind = RANDOM.choice(["payment.succeeded", "payment.succeeded", "payment.refunded"])
+        body.update(id=f"evt_openapi_{next(_fresh_ids)}", type=kind, data=data)
         case.body = body
     elif steer == "fresh_id" and isinstance(case.body, dict):
         case.body["id"] = f"evt_openapi_{next(_fresh_ids)}"
@@ -104,9 +85,9 @@ def _steer(case):
     return None
 
 
+# The admin endpoints' text bodies, decoded so they are checked too.
 @schemathesis.deserializer("text/plain", "application/openmetrics-text")
 def _text(_context, response):
-    """The admin endpoints' text, so their bodies are checked against the document too."""
     return response.content.decode("utf-8")
 
 
@@ -120,9 +101,7 @@ def before_call(context, case, kwargs):
     if signing == "as_generated":
         return
     headers = {k: v for k, v in (case.headers or {}).items() if k.lower() not in SIGNATURE_HEADERS}
-    raw = None
-    if signing == "signed":
-        raw = _steer(case)
+    raw = _steer(case) if signing == "signed" else None
     if raw is None:
         try:
             raw = _serialize(case.body)
