@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use simulator::downstream::{DownstreamConfig, Faults, Latency};
 use testkit::{PrivateCluster, Role};
 
-use crate::harness::{Proc, SECRET, TempDir, wait_ready};
+use crate::harness::{Proc, RelayTuning, SECRET, TempDir, wait_ready};
 use crate::progress::{Progress, thousands};
 
 use self::checks::*;

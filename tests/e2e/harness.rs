@@ -20,6 +20,39 @@ use webhook_ingest::http::WEBHOOK_PATH;
 
 pub use testkit::{SECRET, event};
 
+/// How a test's relays retry against a faulty downstream: short leases, so
+/// a killed relay's rows come back within the test, and fast backoff.
+pub struct RelayTuning {
+    pub lease_secs: u64,
+    pub http_timeout_ms: u64,
+    pub backoff_base_ms: u64,
+    pub backoff_max_secs: u64,
+    pub poll_interval_ms: u64,
+}
+
+impl RelayTuning {
+    /// A relay's environment: the database, one downstream for both APIs, an
+    /// admin port of its own, JSON logs of warnings only, and this tuning.
+    pub fn env(&self, url: &str, downstream: &str) -> Vec<(String, String)> {
+        [
+            ("DATABASE_URL", url.to_owned()),
+            ("FULFILMENT_URL", downstream.to_owned()),
+            ("EMAIL_URL", downstream.to_owned()),
+            ("ADMIN_LISTEN_ADDR", "127.0.0.1:0".to_owned()),
+            ("RELAY_LEASE_SECS", self.lease_secs.to_string()),
+            ("RELAY_HTTP_TIMEOUT_MS", self.http_timeout_ms.to_string()),
+            ("RELAY_BACKOFF_BASE_MS", self.backoff_base_ms.to_string()),
+            ("RELAY_BACKOFF_MAX_SECS", self.backoff_max_secs.to_string()),
+            ("RELAY_POLL_INTERVAL_MS", self.poll_interval_ms.to_string()),
+            ("LOG_FORMAT", "json".to_owned()),
+            ("RUST_LOG", "warn".to_owned()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect()
+    }
+}
+
 /// A real process with its stdout in a file, killed on drop.
 pub struct Proc {
     pub child: Child,

@@ -71,22 +71,15 @@ pub(super) fn ingest_env(url: &str, ports: &Ports, i: usize) -> Vec<(String, Str
     ]
 }
 
-pub(super) fn relay_env(url: &str, downstream: &str) -> Vec<(String, String)> {
-    vec![
-        ("DATABASE_URL".into(), url.into()),
-        ("FULFILMENT_URL".into(), downstream.into()),
-        ("EMAIL_URL".into(), downstream.into()),
-        ("ADMIN_LISTEN_ADDR".into(), "127.0.0.1:0".into()),
-        // Short leases so a killed relay's rows come back within the test.
-        ("RELAY_LEASE_SECS".into(), "5".into()),
-        ("RELAY_HTTP_TIMEOUT_MS".into(), "2000".into()),
-        ("RELAY_BACKOFF_BASE_MS".into(), "100".into()),
-        ("RELAY_BACKOFF_MAX_SECS".into(), "3".into()),
-        ("RELAY_POLL_INTERVAL_MS".into(), "250".into()),
-        ("LOG_FORMAT".into(), "json".into()),
-        ("RUST_LOG".into(), "warn".into()),
-    ]
-}
+/// The relays' tuning: leases of 5 s, so a killed relay's rows come back
+/// within the test.
+pub(super) const RELAY: RelayTuning = RelayTuning {
+    lease_secs: 5,
+    http_timeout_ms: 2000,
+    backoff_base_ms: 100,
+    backoff_max_secs: 3,
+    poll_interval_ms: 250,
+};
 
 /// The stack under test: a private cluster (so it can be restarted), two
 /// ingests and two relays logged in with least privilege, and a faulty
@@ -171,7 +164,7 @@ impl Stack {
     pub(super) fn relay(&self) -> Proc {
         Proc::spawn(
             "outbox-relay",
-            &relay_env(&self.relay_url, &self.downstream.url()),
+            &RELAY.env(&self.relay_url, &self.downstream.url()),
             &self.dir.0,
         )
     }

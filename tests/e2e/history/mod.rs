@@ -51,7 +51,7 @@ use simulator::downstream::{DownstreamConfig, Faults, Latency, RunningDownstream
 use testkit::{PrivateCluster, Role};
 
 use self::check::{Claim, Delivery, Evidence, KeyRecord, RowWrite};
-use crate::harness::{Proc, SECRET, TempDir, try_post_signed, wait_ready};
+use crate::harness::{Proc, RelayTuning, SECRET, TempDir, try_post_signed, wait_ready};
 use crate::progress::{Progress, thousands};
 
 use self::collect::*;

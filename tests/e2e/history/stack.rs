@@ -159,21 +159,15 @@ pub(super) fn ingest_env(url: &str, port: u16, admin: u16, which: usize) -> Vec<
     ]
 }
 
-pub(super) fn relay_env(url: &str, downstream: &str) -> Vec<(String, String)> {
-    vec![
-        ("DATABASE_URL".into(), url.into()),
-        ("FULFILMENT_URL".into(), downstream.into()),
-        ("EMAIL_URL".into(), downstream.into()),
-        ("ADMIN_LISTEN_ADDR".into(), "127.0.0.1:0".into()),
-        ("RELAY_LEASE_SECS".into(), "3".into()),
-        ("RELAY_HTTP_TIMEOUT_MS".into(), HTTP_TIMEOUT_MS.to_string()),
-        ("RELAY_BACKOFF_BASE_MS".into(), "50".into()),
-        ("RELAY_BACKOFF_MAX_SECS".into(), "1".into()),
-        ("RELAY_POLL_INTERVAL_MS".into(), "200".into()),
-        ("LOG_FORMAT".into(), "json".into()),
-        ("RUST_LOG".into(), "warn".into()),
-    ]
-}
+/// The relays' tuning: leases of 3 s and fast backoff against the faulty
+/// downstream.
+pub(super) const RELAY: RelayTuning = RelayTuning {
+    lease_secs: 3,
+    http_timeout_ms: HTTP_TIMEOUT_MS,
+    backoff_base_ms: 50,
+    backoff_max_secs: 1,
+    poll_interval_ms: 200,
+};
 
 /// The shop's connection, creating late orders: reconnects and retries
 /// through a database restart or a failover (an order whose creation
@@ -264,7 +258,7 @@ impl Stack {
     pub(super) fn spawn_relay(&self) -> Proc {
         Proc::spawn(
             "outbox-relay",
-            &relay_env(&self.relay_url, &self.downstream.url()),
+            &RELAY.env(&self.relay_url, &self.downstream.url()),
             &self.dir.0,
         )
     }
