@@ -104,6 +104,9 @@ pub struct Evidence {
     pub disruptions: Vec<i64>,
     /// The relays' HTTP timeout, in us.
     pub http_timeout_us: i64,
+    /// The relays' lease, in us: a call is sent at most this long after the
+    /// claim it was sent under.
+    pub lease_us: i64,
     /// Orders created after their first events were sent: when the
     /// creation committed (unix us).
     pub late_orders: HashMap<i64, i64>,

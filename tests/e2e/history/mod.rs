@@ -166,6 +166,7 @@ pub(crate) async fn run(options: Options<'_>) -> Run {
         pruned,
         disruptions: running.disruptions.lock().unwrap().clone(),
         http_timeout_us: HTTP_TIMEOUT_MS as i64 * 1000,
+        lease_us: RELAY.lease_secs as i64 * 1_000_000,
         late_orders: stack.shop.created.lock().unwrap().clone(),
     };
     running.watched.note(&format!(

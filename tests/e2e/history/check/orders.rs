@@ -342,8 +342,10 @@ pub(super) fn refund_leaves_no_shipment_pending(h: &OrderHistory<'_>, r: &mut Re
 
 /// A refunded order's shipment the downstream performed and promptly
 /// answered with success was recorded done at some point: the relay knew
-/// (unless a kill or a restart took that knowledge away before it was
-/// recorded).
+/// (unless a kill, a restart or a failover took that knowledge away between
+/// the claim and the record: the claim came at most a lease before the call,
+/// and a failover loses the relay's last commits, claims included, which
+/// wait for no standby).
 pub(super) fn performed_shipment_recorded_done(h: &OrderHistory<'_>, r: &mut Report) {
     let Shipment::Refunded(_) = h.shipment() else {
         return;
@@ -361,10 +363,14 @@ pub(super) fn performed_shipment_recorded_done(h: &OrderHistory<'_>, r: &mut Rep
             && ((c.ended_us - c.arrived_us) as i64) < h.e.http_timeout_us / 4
     });
     if let Some(call) = prompt {
+        let (earliest_claim, latest_record) = (
+            call.arrived_us as i64 - h.e.lease_us,
+            call.ended_us as i64 + 60_000_000,
+        );
         let excused =
             h.e.disruptions
                 .iter()
-                .any(|&t| t >= call.arrived_us as i64 && t <= call.ended_us as i64 + 60_000_000);
+                .any(|&t| t >= earliest_claim && t <= latest_record);
         if !excused {
             r.flag(Violation::PerformedButCancelled, h.order, &h.history());
         }
