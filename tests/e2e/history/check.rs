@@ -172,6 +172,9 @@ pub struct Report {
     pub refunds_with_shipment_claim_in_flight: usize,
     pub shipments_under_way_then_done: usize,
     pub shipments_under_way_then_cancelled_with_effect: usize,
+    /// Refunded orders whose shipment was performed and promptly answered
+    /// yet recorded cancelled, excused by a kill or failover around its call.
+    pub performed_but_cancelled_excused: usize,
     /// Orders created after their first events were sent.
     pub late_orders: usize,
     /// Events of those answered `unmatched`, and applied by the reconciler.
@@ -216,13 +219,15 @@ impl std::fmt::Display for Report {
             f,
             "history: payment/refund pairs in flight together {} (payment committed first in {}); \
              refunds after a payment {}, {} of them with the shipment's call under way \
-             ({} then done, {} cancelled after the downstream did ship)",
+             ({} then done, {} cancelled after the downstream did ship); performed but \
+             recorded cancelled around a kill or failover {}",
             self.payment_refund_pairs_overlapping,
             self.overlapping_with_payment_committed_first,
             self.refunds_after_payment,
             self.refunds_with_shipment_claim_in_flight,
             self.shipments_under_way_then_done,
             self.shipments_under_way_then_cancelled_with_effect,
+            self.performed_but_cancelled_excused,
         )?;
         writeln!(
             f,

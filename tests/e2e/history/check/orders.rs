@@ -371,7 +371,9 @@ pub(super) fn performed_shipment_recorded_done(h: &OrderHistory<'_>, r: &mut Rep
             h.e.disruptions
                 .iter()
                 .any(|&t| t >= earliest_claim && t <= latest_record);
-        if !excused {
+        if excused {
+            r.performed_but_cancelled_excused += 1;
+        } else {
             r.flag(Violation::PerformedButCancelled, h.order, &h.history());
         }
     }
