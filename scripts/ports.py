@@ -1,9 +1,12 @@
 """A free port on 127.0.0.1 for a server about to start, as testkit's free_port picks
 one (crates/testkit/src/net.rs): at random below the kernel's ephemeral range, never
-in it, where an outgoing connection could take it before the server binds it."""
+in it, where an outgoing connection could take it before the server binds it; never
+one it gave before (a server and its admin listener once got the same port)."""
 
 import random
 import socket
+
+GIVEN: set[int] = set()
 
 
 def free_port() -> int:
@@ -13,13 +16,16 @@ def free_port() -> int:
     except (OSError, ValueError, IndexError):
         highest = 32_767
     for _ in range(1_000 if highest > 10_000 else 0):
-        port = random.randint(10_000, highest)
+        if (port := random.randint(10_000, highest)) in GIVEN:
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            return port
+        GIVEN.add(port)
+        return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        GIVEN.add(port := s.getsockname()[1])
+        return port
