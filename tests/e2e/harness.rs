@@ -425,21 +425,8 @@ impl Stack {
     }
 
     pub async fn metrics(&self, admin: &str) -> Metrics {
-        metrics(&self.http, admin).await
+        Metrics::fetch(&self.http, admin).await.unwrap()
     }
-}
-
-/// The metrics `{admin}/metrics` serves, parsed.
-pub async fn metrics(http: &reqwest::Client, admin: &str) -> Metrics {
-    let text = http
-        .get(format!("{admin}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    Metrics::parse(&text)
 }
 
 /// Waits until `{admin}/readyz` answers 200, or panics after 20 s.

@@ -10,6 +10,12 @@ pub struct Metrics {
 }
 
 impl Metrics {
+    /// `{admin}/metrics` (`admin`: `http://host:port`), fetched and parsed.
+    pub async fn fetch(http: &reqwest::Client, admin: &str) -> reqwest::Result<Self> {
+        let text = http.get(format!("{admin}/metrics")).send().await?.text().await?;
+        Ok(Self::parse(&text))
+    }
+
     /// Parses the exposition format strictly enough that a malformed line fails the test.
     pub fn parse(text: &str) -> Self {
         let mut samples = Vec::new();

@@ -146,7 +146,9 @@ async fn without_a_session_or_with_another_csrf_token_nothing_changes() {
         StatusCode::CONFLICT,
         "not dead any more"
     );
-    let metrics = crate::harness::metrics(&http, &console.admin).await;
+    let metrics = testkit::metrics::Metrics::fetch(&http, &console.admin)
+        .await
+        .unwrap();
     let requeues = |outcome| {
         metrics.find(
             "ops_console_actions_total",

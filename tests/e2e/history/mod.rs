@@ -294,7 +294,9 @@ impl Running<'_> {
         let mut batched = 0.0;
         for admin in self.stack.admins {
             let metrics =
-                crate::harness::metrics(&self.stack.http, &format!("http://127.0.0.1:{admin}")).await;
+                testkit::metrics::Metrics::fetch(&self.stack.http, &format!("http://127.0.0.1:{admin}"))
+                    .await
+                    .unwrap();
             let get = |name: &str| metrics.find(name, &[]).unwrap_or(0.0);
             eprintln!(
                 "history: ingest at {admin}: {} batches of {} deliveries, {} left alone (order locked), {} batches failed, {} unmatched events applied",

@@ -226,16 +226,9 @@ async fn a_relay_that_stalled_past_its_lease_records_and_counts_nothing() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let text = env
-        .http
-        .get(format!("http://{admin}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
+    let metrics = testkit::metrics::Metrics::fetch(&env.http, &format!("http://{admin}"))
         .await
         .unwrap();
-    let metrics = testkit::metrics::Metrics::parse(&text);
     let counted: f64 = ["done", "retry", "dead"]
         .iter()
         .map(|o| metrics.get("outbox_dispatch_total", &[("kind", "ship_order"), ("outcome", o)]))

@@ -173,16 +173,9 @@ impl TestApp {
 
     /// `/metrics` of the admin port, parsed.
     pub async fn metrics(&self) -> testkit::metrics::Metrics {
-        let text = self
-            .http
-            .get(format!("{}/metrics", self.admin_url))
-            .send()
+        testkit::metrics::Metrics::fetch(&self.http, &self.admin_url)
             .await
             .unwrap()
-            .text()
-            .await
-            .unwrap();
-        testkit::metrics::Metrics::parse(&text)
     }
 
     pub async fn readyz(&self) -> (u16, String) {

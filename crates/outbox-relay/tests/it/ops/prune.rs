@@ -128,13 +128,7 @@ async fn a_long_prune_prints_its_progress_then_its_summary() {
 
 /// The relay's `/metrics` at `admin`; `None` until it answers.
 async fn metrics(env: &crate::helpers::Env, admin: &str) -> Option<Metrics> {
-    let response = env
-        .http
-        .get(format!("http://{admin}/metrics"))
-        .send()
-        .await
-        .ok()?;
-    Some(Metrics::parse(&response.text().await.ok()?))
+    Metrics::fetch(&env.http, &format!("http://{admin}")).await.ok()
 }
 
 /// The sample of `name{label=value}`, once it exists and reads at least `at_least`.

@@ -465,15 +465,9 @@ impl Service {
     }
 
     async fn metrics(&self) -> testkit::metrics::Metrics {
-        let text = testkit::http()
-            .get(format!("{}/metrics", self.admin_url))
-            .send()
+        testkit::metrics::Metrics::fetch(&testkit::http(), &self.admin_url)
             .await
             .unwrap()
-            .text()
-            .await
-            .unwrap();
-        testkit::metrics::Metrics::parse(&text)
     }
 }
 
